@@ -1,0 +1,13 @@
+// The `kestrel` subcommands. Each file under cli/ registers its own on the app;
+// main() only parses and maps errors to an exit status.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace kestrel::cli {
+
+void add_model_commands(CLI::App& app);         // logits, generate   (model_cmds.cpp)
+void add_random_model_command(CLI::App& app);   // random-model       (random_model_cmd.cpp)
+void add_tokenize_commands(CLI::App& app);      // tokenize, detokenize (tokenize_cmd.cpp)
+
+}  // namespace kestrel::cli
