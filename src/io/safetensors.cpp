@@ -284,6 +284,11 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
   return weight_map;
 }
 
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);
+}
+
 bool has_suffix(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -332,7 +337,7 @@ WeightStore WeightStore::open_folder(const std::string& dir) {
   if (!fs::is_directory(st)) KESTREL_FAIL("model folder ", dir, " is not a directory");
   const fs::path root(dir);
 
-  if (fs::is_regular_file(root / kSingleFile)) {
+  if (is_file(root / kSingleFile)) {
     WeightStore store = open_file((root / kSingleFile).string());
     store.where_ = dir;
     return store;
@@ -354,13 +359,13 @@ WeightStore WeightStore::open_folder(const std::string& dir) {
   };
 
   const fs::path index_path = root / kIndexFile;
-  if (fs::is_regular_file(index_path)) {
+  if (is_file(index_path)) {
     const std::map<std::string, std::string> weight_map = read_weight_map(index_path.string());
     std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;
     for (const auto& [name, shard] : weight_map) {
       if (shards.count(shard)) continue;
       const fs::path shard_path = root / shard;
-      if (!fs::is_regular_file(shard_path)) {
+      if (!is_file(shard_path)) {
         KESTREL_FAIL(index_path.string(), " maps tensor '", name, "' to shard ", shard,
                      ", which does not exist in ", dir);
       }
@@ -380,11 +385,13 @@ WeightStore WeightStore::open_folder(const std::string& dir) {
   // No index: take every *.safetensors file of the folder (sorted, so stable).
   std::vector<std::string> names;
   std::vector<fs::path> shard_paths;
-  for (const fs::directory_entry& e : fs::directory_iterator(root)) {
-    const std::string name = e.path().filename().string();
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     names.push_back(name);
-    if (e.is_regular_file() && has_suffix(name, ".safetensors")) shard_paths.push_back(e.path());
+    if (is_file(it->path()) && has_suffix(name, ".safetensors")) shard_paths.push_back(it->path());
   }
+  if (ec) KESTREL_FAIL("cannot list model folder ", dir, ": ", ec.message());
   std::sort(names.begin(), names.end());
   if (shard_paths.empty()) fail_no_safetensors(dir, names);
   std::sort(shard_paths.begin(), shard_paths.end());
