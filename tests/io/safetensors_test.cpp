@@ -77,14 +77,14 @@ template <typename T>
 TensorSpec spec_of(const std::string& name, DType dtype, Shape shape, std::vector<T> values) {
   return {name, dtype, std::move(shape), [values](std::span<std::byte> out) {
             ASSERT_EQ(out.size(), values.size() * sizeof(T));
-            std::memcpy(out.data(), values.data(), out.size());
+            if (!values.empty()) std::memcpy(out.data(), values.data(), out.size());
           }};
 }
 
 template <typename T>
 std::vector<T> read_values(const TensorInfo& info) {
   std::vector<T> out(info.nbytes / sizeof(T));
-  std::memcpy(out.data(), info.data, info.nbytes);
+  if (!out.empty()) std::memcpy(out.data(), info.data, info.nbytes);
   return out;
 }
 
