@@ -1,0 +1,104 @@
+// PCRE2 behind Regex: one compiled code shared by all threads, match data and
+// a JIT stack per thread.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "text/regex.h"
+
+#include <pcre2.h>
+
+#include "core/error.h"
+
+namespace kestrel::text {
+namespace {
+
+std::string pcre2_message(int code) {
+  PCRE2_UCHAR buf[256];
+  pcre2_get_error_message(code, buf, sizeof buf);
+  return reinterpret_cast<const char*>(buf);
+}
+
+// Per-thread scratch for matching: PCRE2 match data (only group 0 is read) and
+// a JIT stack large enough for long runs of backtracking input.
+struct ThreadMatchState {
+  pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, nullptr);
+  pcre2_match_context* context = pcre2_match_context_create(nullptr);
+  ThreadMatchState() {
+    if (stack) pcre2_jit_stack_assign(context, nullptr, stack);
+  }
+  ~ThreadMatchState() {
+    pcre2_match_context_free(context);
+    pcre2_jit_stack_free(stack);
+    pcre2_match_data_free(data);
+  }
+};
+
+ThreadMatchState& thread_state() {
+  thread_local ThreadMatchState state;
+  return state;
+}
+
+}  // namespace
+
+struct Regex::Impl {
+  pcre2_code* code = nullptr;
+  bool jit = false;
+  ~Impl() { pcre2_code_free(code); }
+};
+
+Regex::Regex(const std::string& pattern, bool literal) : pattern_(pattern), impl_(new Impl) {
+  int err = 0;
+  PCRE2_SIZE err_offset = 0;
+  uint32_t options = PCRE2_UTF | PCRE2_UCP;
+  if (literal) options |= PCRE2_LITERAL;
+  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                              &err, &err_offset, nullptr);
+  if (!impl_->code) {
+    KESTREL_FAIL("regex '", pattern, "' does not compile at offset ", err_offset, ": ",
+                 pcre2_message(err));
+  }
+  impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
+}
+
+Regex::~Regex() = default;
+Regex::Regex(Regex&&) noexcept = default;
+Regex& Regex::operator=(Regex&&) noexcept = default;
+
+void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
+  ThreadMatchState& st = thread_state();
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+  size_t from = 0;
+  bool have_last = false;
+  size_t last_end = 0;
+  while (from <= s.size()) {
+    int rc;
+    if (impl_->jit) {
+      rc = pcre2_jit_match(impl_->code, subject, s.size(), from, 0, st.data, st.context);
+      if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+        rc = pcre2_match(impl_->code, subject, s.size(), from, PCRE2_NO_JIT | PCRE2_NO_UTF_CHECK,
+                         st.data, nullptr);
+      }
+    } else {
+      rc = pcre2_match(impl_->code, subject, s.size(), from, PCRE2_NO_UTF_CHECK, st.data, nullptr);
+    }
+    if (rc == PCRE2_ERROR_NOMATCH) return;
+    if (rc < 0) KESTREL_FAIL("regex '", pattern_, "' failed to match: ", pcre2_message(rc));
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.data);
+    const size_t start = ov[0], end = ov[1];
+    if (start == end && have_last && last_end == end) {
+      // Step over one code point, as Oniguruma's iterator does.
+      if (from >= s.size()) return;
+      size_t step = 1;
+      while (from + step < s.size() && (static_cast<unsigned char>(s[from + step]) & 0xC0) == 0x80)
+        ++step;
+      from += step;
+      continue;
+    }
+    out.emplace_back(start, end);
+    have_last = true;
+    last_end = end;
+    from = end;
+    if (start == end && from >= s.size()) return;
+  }
+}
+
+}  // namespace kestrel::text
