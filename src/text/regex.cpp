@@ -39,6 +39,44 @@ ThreadMatchState& thread_state() {
 
 }  // namespace
 
+std::string onig_to_pcre2(std::string_view pattern) {
+  // Oniguruma's \s is the White_Space property and its \w is letters, marks,
+  // decimal digits and connector punctuation; PCRE2's differ (e.g. U+180E, U+0301).
+  const std::string word = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 's') {
+        out += "\\p{White_Space}";
+      } else if (e == 'S') {
+        out += "\\P{White_Space}";
+      } else if (e == 'w') {
+        out += in_class ? word : "[" + word + "]";
+      } else if (e == 'W' && !in_class) {
+        out += "[^" + word + "]";
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 struct Regex::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
@@ -48,9 +86,10 @@ struct Regex::Impl {
 Regex::Regex(const std::string& pattern, bool literal) : pattern_(pattern), impl_(new Impl) {
   int err = 0;
   PCRE2_SIZE err_offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP;
-  if (literal) options |= PCRE2_LITERAL;
-  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+  // PCRE2_LITERAL admits no UCP; a literal needs no character classes anyway.
+  const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
+  const std::string source = literal ? pattern : onig_to_pcre2(pattern);
+  impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options,
                               &err, &err_offset, nullptr);
   if (!impl_->code) {
     KESTREL_FAIL("regex '", pattern, "' does not compile at offset ", err_offset, ": ",

@@ -32,4 +32,8 @@ class Regex {
   std::unique_ptr<Impl> impl_;
 };
 
+// Rewrites Oniguruma's Unicode \s, \S, \w, \W (HF tokenizers compiles its
+// patterns with Oniguruma) into PCRE2 properties of the same meaning.
+std::string onig_to_pcre2(std::string_view pattern);
+
 }  // namespace kestrel::text
