@@ -2,6 +2,9 @@
 // the rest is text; invalid UTF-8 must give kestrel::Error, valid text must
 // round-trip through encode/decode and the streaming detokenizer. Mode 1: the
 // rest is token ids; streaming must equal decode and emit only valid UTF-8.
+// Falcon's vocabulary lacks 28 of the 256 byte tokens (e.g. 0x04, 0xF2): BPE
+// drops those bytes, as HF does, so the round trip is checked without them.
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -19,6 +22,23 @@ namespace {
 const Tokenizer& falcon() {
   static const Tokenizer tok = Tokenizer::from_file(KESTREL_FUZZ_TOKENIZER);
   return tok;
+}
+
+// The text decode(encode(text)) gives: text less the bytes with no token.
+std::string expected_round_trip(const std::string& text) {
+  static const std::array<bool, 256> missing = [] {
+    std::array<bool, 256> m{};
+    for (int b = 0; b < 256; ++b) {
+      std::string c;
+      kestrel::text::append_utf8(kestrel::text::byte_to_unicode()[b], c);
+      m[b] = !falcon().token_id(c).has_value();
+    }
+    return m;
+  }();
+  std::string kept;
+  for (char ch : text)
+    if (!missing[static_cast<unsigned char>(ch)]) kept.push_back(ch);
+  return kestrel::text::utf8_lossy(kept);
 }
 
 void require(bool ok) {
@@ -52,8 +72,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return 0;
     }
     require(kestrel::text::is_valid_utf8(rest));
-    require(falcon().decode(ids) == rest);
-    require(stream(ids, false) == rest);
+    const std::string expected = expected_round_trip(rest);
+    require(falcon().decode(ids) == expected);
+    require(stream(ids, false) == expected);
     return 0;
   }
   std::vector<int32_t> ids;

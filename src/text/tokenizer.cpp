@@ -97,6 +97,10 @@ std::optional<std::string> config_token(const nlohmann::json& cfg, const char* k
 
 void build_id_tables(Tokenizer::Impl& t) {
   const int32_t n = std::max(t.bpe->max_id(), t.added.max_id()) + 1;
+  // Tables are dense by id: refuse ids far past the number of tokens.
+  const size_t n_tokens = t.bpe->vocab().size() + t.added.by_id().size();
+  KESTREL_CHECK(static_cast<size_t>(n) <= 4 * n_tokens + 65536,
+                "vocabulary ids are too sparse: id ", n - 1, " for ", n_tokens, " tokens");
   t.id_to_token.assign(n, {});
   t.has_token.assign(n, false);
   for (const auto& [token, id] : t.bpe->vocab()) {

@@ -61,7 +61,7 @@ TEST(CliTest, ErrorsExitOne) {
   const Result bad_ids = run("detokenize " + kTok + " --ids 1,x");
   EXPECT_EQ(bad_ids.status, 1);
   EXPECT_NE(bad_ids.out.find("'x' is not a token id"), std::string::npos) << bad_ids.out;
-  const Result bad_utf8 = run("tokenize " + kTok + " --text $'\\xff'");
+  const Result bad_utf8 = run("tokenize " + kTok + " --text \"$(printf '\\377')\"");
   EXPECT_EQ(bad_utf8.status, 1);
   EXPECT_NE(bad_utf8.out.find("not valid UTF-8"), std::string::npos) << bad_utf8.out;
   const Result missing = run("tokenize --model /nonexistent --text hi");
