@@ -1,0 +1,25 @@
+// The CPU implementations of backend/ops.h (fp32, OpenMP over both cores,
+// OpenBLAS GEMM when built with it). Inputs were checked by ops.cpp.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace kestrel::cpu {
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out);
+void gelu(Tensor& x);
+void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
+void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
+                Tensor& v);
+void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+              Tensor& v_cache);
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
+                     int32_t max_kv_len, float scale, Tensor& out);
+void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,172 @@
+// `kestrel random-model`: writes a Falcon model folder (config.json + sharded
+// safetensors, the real tensor layout) with random weights at the real shapes,
+// for benchmarks: no real checkpoint can be downloaded where kestrel is built.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "io/falcon_config.h"
+#include "io/safetensors.h"
+#include "model/falcon_weights.h"
+
+namespace kestrel::cli {
+namespace {
+
+FalconConfig preset(const std::string& name) {
+  FalconConfig c;
+  c.vocab_size = 65024;
+  c.max_position_embeddings = 2048;
+  if (name == "falcon-7b") {
+    c.hidden_size = 4544, c.n_layers = 32, c.n_heads = 71, c.n_kv_heads = 1;
+    c.multi_query = true;
+  } else if (name == "falcon-40b") {
+    c.hidden_size = 8192, c.n_layers = 60, c.n_heads = 128, c.n_kv_heads = 8;
+    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 2;
+  } else if (name == "falcon-180b") {
+    c.hidden_size = 14848, c.n_layers = 80, c.n_heads = 232, c.n_kv_heads = 8;
+    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 2;
+  } else if (name == "falcon2-11b") {
+    c.hidden_size = 4096, c.n_layers = 60, c.n_heads = 32, c.n_kv_heads = 8;
+    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 1;
+    c.rope_theta = 500042.0, c.max_position_embeddings = 8192;
+  } else if (name == "tiny") {
+    c.vocab_size = 1024, c.hidden_size = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 1;
+    c.multi_query = true;
+  } else {
+    KESTREL_FAIL("unknown preset \"", name,
+                 "\" (falcon-7b, falcon-40b, falcon-180b, falcon2-11b or tiny)");
+  }
+  c.ffn_hidden_size = 4 * c.hidden_size;
+  return c;
+}
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t name_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+// Uniform in [-amp, amp] (amp 0: the constant `fill`), chunked so that the
+// result does not depend on the thread count.
+void fill_random(std::span<std::byte> out, DType dtype, uint64_t seed, float amp, float constant) {
+  const int64_t n = static_cast<int64_t>(out.size() / dtype_size(dtype));
+  constexpr int64_t kChunk = 1 << 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    uint64_t s = seed ^ (static_cast<uint64_t>(c0) * 0x2545f4914f6cdd1dull);
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    for (int64_t i = c0; i < c1; ++i) {
+      float v = constant;
+      if (amp > 0) v = amp * (static_cast<float>(splitmix(s) >> 40) / 8388608.0f - 1.0f);
+      if (dtype == DType::kF32) {
+        reinterpret_cast<float*>(out.data())[i] = v;
+      } else {
+        reinterpret_cast<uint16_t*>(out.data())[i] =
+            dtype == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+      }
+    }
+  }
+}
+
+struct RandomArgs {
+  std::string preset = "tiny";
+  std::string out;
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0;
+  std::string dtype = "bf16";
+  uint64_t seed = 0;
+  int64_t shard_mb = 4096;
+  std::string tokenizer;
+};
+
+void run_random_model(const RandomArgs& a) {
+  FalconConfig c = preset(a.preset);
+  if (a.layers) c.n_layers = a.layers;
+  if (a.hidden) {
+    c.hidden_size = a.hidden;
+    if (!a.ffn) c.ffn_hidden_size = 4 * a.hidden;
+  }
+  if (a.heads) {
+    c.n_heads = a.heads;
+    if (!c.new_decoder_architecture && !c.multi_query) c.n_kv_heads = a.heads;
+  }
+  if (a.kv_heads) {
+    if (!c.new_decoder_architecture) {
+      // The original architecture has 1 K/V head (multi-query) or one per head.
+      KESTREL_CHECK(a.kv_heads == 1 || a.kv_heads == c.n_heads, "preset ", a.preset,
+                    " is the original architecture: --kv-heads must be 1 or --heads (", c.n_heads,
+                    ")");
+      c.multi_query = a.kv_heads == 1;
+    }
+    c.n_kv_heads = a.kv_heads;
+  }
+  if (a.ffn) c.ffn_hidden_size = a.ffn;
+  if (a.vocab) c.vocab_size = a.vocab;
+  c.dtype = a.dtype == "bf16"  ? DType::kBF16
+            : a.dtype == "f16" ? DType::kF16
+            : a.dtype == "f32" ? DType::kF32
+                               : throw Error("--dtype must be bf16, f16 or f32, got " + a.dtype);
+  // Round-trip through the parser so that what we write is what the loader reads.
+  c = FalconConfig::from_json(c.to_json(), "random-model " + a.preset);
+
+  std::filesystem::create_directories(a.out);
+  std::vector<TensorSpec> specs;
+  const DType dt = c.dtype;
+  for (const WeightSpec& w : falcon_weight_specs(c, /*with_lm_head=*/!c.tie_word_embeddings)) {
+    const bool is_norm =
+        w.name.find("ln") != std::string::npos || w.name.find("layernorm") != std::string::npos;
+    const bool is_bias = w.name.size() > 5 && w.name.compare(w.name.size() - 5, 5, ".bias") == 0;
+    const float constant = is_norm && !is_bias ? 1.0f : 0.0f;
+    const float amp = is_norm || is_bias ? 0.0f : 0.02f * std::sqrt(3.0f);
+    const uint64_t seed = name_hash(w.name) ^ (a.seed * 0x9e3779b97f4a7c15ull);
+    specs.push_back({w.name, dt, w.shape,
+                     [=](std::span<std::byte> out) { fill_random(out, dt, seed, amp, constant); }});
+  }
+  {
+    std::ofstream cfg(std::filesystem::path(a.out) / "config.json");
+    cfg << c.to_json().dump(2) << "\n";
+    KESTREL_CHECK(cfg.good(), "cannot write ", a.out, "/config.json");
+  }
+  if (!a.tokenizer.empty()) {
+    std::filesystem::copy_file(a.tokenizer, std::filesystem::path(a.out) / "tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  write_sharded_safetensors(a.out, specs, static_cast<size_t>(a.shard_mb) << 20);
+  spdlog::info("wrote random {} ({}) to {}", a.preset, c.summary(), a.out);
+}
+
+}  // namespace
+
+void add_random_model_command(CLI::App& app) {
+  static RandomArgs a;
+  CLI::App* cmd = app.add_subcommand(
+      "random-model", "write a Falcon model folder with random weights at real shapes");
+  cmd->add_option("--preset", a.preset, "falcon-7b, falcon-40b, falcon-180b, falcon2-11b or tiny")
+      ->capture_default_str();
+  cmd->add_option("--out", a.out, "output folder")->required();
+  cmd->add_option("--layers", a.layers, "override the layer count");
+  cmd->add_option("--hidden", a.hidden, "override hidden_size");
+  cmd->add_option("--heads", a.heads, "override num_attention_heads");
+  cmd->add_option("--kv-heads", a.kv_heads, "override the K/V head count");
+  cmd->add_option("--ffn", a.ffn, "override ffn_hidden_size");
+  cmd->add_option("--vocab", a.vocab, "override vocab_size");
+  cmd->add_option("--dtype", a.dtype, "bf16, f16 or f32")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "random seed")->capture_default_str();
+  cmd->add_option("--shard-size-mb", a.shard_mb, "largest shard")->capture_default_str();
+  cmd->add_option("--tokenizer", a.tokenizer, "tokenizer.json to copy into the folder");
+  cmd->callback([] { run_random_model(a); });
+}
+
+}  // namespace kestrel::cli

@@ -1,0 +1,239 @@
+// Falcon's forward pass: embedding, then per layer
+//   ln -> query_key_value -> split + rotary -> KV write -> paged attention -> dense
+//   parallel:   x += dense(attn) + mlp(ln or ln_mlp)
+//   sequential: x += dense(attn); x += mlp(post_attention_layernorm(x))
+// then ln_f and the lm_head on the selected rows.
+#include "model/falcon_model.h"
+
+#include <cmath>
+
+#include "backend/ops.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "io/safetensors.h"
+#include "model/falcon_weights.h"
+
+namespace kestrel {
+namespace {
+
+Tensor host_tensor(const std::vector<int32_t>& v, Shape shape) {
+  return Tensor::borrow(const_cast<int32_t*>(v.data()), DType::kI32, std::move(shape));
+}
+
+Tensor host_tensor(const std::vector<int64_t>& v, Shape shape) {
+  return Tensor::borrow(const_cast<int64_t*>(v.data()), DType::kI64, std::move(shape));
+}
+
+Tensor host_tensor(const std::vector<float>& v, Shape shape) {
+  return Tensor::borrow(const_cast<float*>(v.data()), DType::kF32, std::move(shape));
+}
+
+}  // namespace
+
+FalconModel FalconModel::load(const std::string& dir, Device device) {
+  FalconConfig config = FalconConfig::from_model_dir(dir);
+  WeightStore store = WeightStore::open_folder(dir);
+  return from_store(config, store, device);
+}
+
+FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStore& store,
+                                    Device device) {
+  KESTREL_CHECK(!config.alibi,
+                "ALiBi position bias (config \"alibi\": true) is not supported "
+                "yet; kestrel runs rotary Falcon models");
+  FalconModel m;
+  m.config_ = config;
+  m.device_ = device;
+  m.act_dtype_ = ops::weight_dtype(device);
+  const bool has_lm_head = store.contains("lm_head.weight");
+  KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
+                "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
+  std::vector<WeightSpec> specs = falcon_weight_specs(config, has_lm_head);
+
+  // Validate every name and shape before converting anything.
+  for (const WeightSpec& s : specs) store.get(s.name, s.shape);
+  size_t known = specs.size();
+  if (store.names().size() > known) {
+    spdlog::warn("checkpoint holds {} tensors the config does not use (ignored)",
+                 store.names().size() - known);
+  }
+
+  auto load = [&](const std::string& name) {
+    const TensorInfo& info = store.get(name);
+    return ops::upload_weight(info.data, info.dtype, info.shape, m.act_dtype_, device);
+  };
+  auto load_opt = [&](const std::string& name) { return config.bias ? load(name) : Tensor(); };
+
+  m.word_embeddings_ = load("transformer.word_embeddings.weight");
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const std::string p = layer_prefix(l);
+    FalconLayerWeights w;
+    const std::string ln1 = config.two_layer_norms() ? "ln_attn" : "input_layernorm";
+    w.ln_attn_w = load(p + ln1 + ".weight");
+    w.ln_attn_b = load(p + ln1 + ".bias");
+    if (config.two_layer_norms()) {
+      w.ln_mlp_w = load(p + "ln_mlp.weight");
+      w.ln_mlp_b = load(p + "ln_mlp.bias");
+    } else if (!config.parallel_attn) {
+      w.ln_mlp_w = load(p + "post_attention_layernorm.weight");
+      w.ln_mlp_b = load(p + "post_attention_layernorm.bias");
+    }
+    w.qkv_w = load(p + "self_attention.query_key_value.weight");
+    w.qkv_b = load_opt(p + "self_attention.query_key_value.bias");
+    w.dense_w = load(p + "self_attention.dense.weight");
+    w.dense_b = load_opt(p + "self_attention.dense.bias");
+    w.fc1_w = load(p + "mlp.dense_h_to_4h.weight");
+    w.fc1_b = load_opt(p + "mlp.dense_h_to_4h.bias");
+    w.fc2_w = load(p + "mlp.dense_4h_to_h.weight");
+    w.fc2_b = load_opt(p + "mlp.dense_4h_to_h.bias");
+    m.layers_.push_back(std::move(w));
+  }
+  m.ln_f_w_ = load("transformer.ln_f.weight");
+  m.ln_f_b_ = load("transformer.ln_f.bias");
+  m.lm_head_ = has_lm_head ? load("lm_head.weight") : m.word_embeddings_;
+  return m;
+}
+
+KvCache FalconModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  KvCacheShape shape{config_.n_layers, num_blocks, block_size, config_.n_kv_heads,
+                     config_.head_dim};
+  return KvCache(shape, act_dtype_, device_);
+}
+
+void FalconModel::check_batch(const ForwardBatch& b, const KvCache& cache) const {
+  const int64_t n_tokens = b.n_tokens(), n_seqs = b.n_seqs();
+  KESTREL_CHECK(n_tokens > 0 && n_seqs > 0, "forward: empty batch");
+  KESTREL_CHECK(static_cast<int64_t>(b.positions.size()) == n_tokens &&
+                    static_cast<int64_t>(b.slots.size()) == n_tokens,
+                "forward: ", n_tokens, " input_ids but ", b.positions.size(), " positions and ",
+                b.slots.size(), " slots");
+  KESTREL_CHECK(static_cast<int64_t>(b.cu_seqlens.size()) == n_seqs + 1 &&
+                    b.cu_seqlens.front() == 0 && b.cu_seqlens.back() == n_tokens,
+                "forward: cu_seqlens must run from 0 to ", n_tokens, " over ", n_seqs,
+                " sequences");
+  KESTREL_CHECK(
+      b.max_blocks > 0 && static_cast<int64_t>(b.block_tables.size()) == n_seqs * b.max_blocks,
+      "forward: block_tables has ", b.block_tables.size(), " entries, expected ", n_seqs, " x ",
+      b.max_blocks);
+  for (int32_t i : b.lm_head_indices) {
+    KESTREL_CHECK(i >= 0 && i < n_tokens, "forward: lm_head index ", i, " outside [0, ", n_tokens,
+                  ")");
+  }
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    KESTREL_CHECK(b.cu_seqlens[s + 1] >= b.cu_seqlens[s], "forward: cu_seqlens decreases at ", s);
+    KESTREL_CHECK(b.kv_lens[s] <= b.max_blocks * cache.block_size(), "forward: sequence ", s,
+                  " has kv_len ", b.kv_lens[s], " beyond its ", b.max_blocks, " blocks");
+  }
+}
+
+// cos/sin [n_tokens, head_dim / 2] of NeoX rotary, as transformers computes
+// them (inv_freq = theta^(-2i/d)). Linear scaling divides positions by the
+// factor; dynamic NTK rescales the base per sequence once its length passes
+// max_position_embeddings (transformers does it per batch: see docs/model.md).
+void FalconModel::rope_tables(const ForwardBatch& b, std::vector<float>& cos,
+                              std::vector<float>& sin) const {
+  const int64_t d = config_.head_dim, half = d / 2;
+  cos.resize(b.n_tokens() * half);
+  sin.resize(b.n_tokens() * half);
+  const RopeScaling& rs = config_.rope_scaling;
+  std::vector<float> inv_freq(half);
+  for (int64_t s = 0; s < b.n_seqs(); ++s) {
+    double base = config_.rope_theta;
+    const double seq_len = b.kv_lens[s];
+    if (rs.kind == RopeScalingKind::kDynamic && seq_len > config_.max_position_embeddings) {
+      base *= std::pow(rs.factor * seq_len / config_.max_position_embeddings - (rs.factor - 1),
+                       static_cast<double>(d) / (d - 2));
+    }
+    for (int64_t i = 0; i < half; ++i) {
+      inv_freq[i] = static_cast<float>(1.0 / std::pow(base, static_cast<double>(2 * i) / d));
+    }
+    for (int32_t t = b.cu_seqlens[s]; t < b.cu_seqlens[s + 1]; ++t) {
+      float pos = static_cast<float>(b.positions[t]);
+      if (rs.kind == RopeScalingKind::kLinear) pos /= static_cast<float>(rs.factor);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = pos * inv_freq[i];  // fp32 product, as torch
+        cos[t * half + i] = std::cos(angle);
+        sin[t * half + i] = std::sin(angle);
+      }
+    }
+  }
+}
+
+Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
+  check_batch(b, cache);
+  const FalconConfig& c = config_;
+  const int64_t n_tokens = b.n_tokens(), n_seqs = b.n_seqs();
+  const int64_t hidden = c.hidden_size, d = c.head_dim;
+  const Device dev = device_;
+  const DType act = act_dtype_;
+  auto empty = [&](Shape s) { return Tensor::empty(act, std::move(s), dev); };
+
+  std::vector<float> cos_h, sin_h;
+  rope_tables(b, cos_h, sin_h);
+  int32_t max_kv_len = 0;
+  for (int32_t len : b.kv_lens) max_kv_len = std::max(max_kv_len, len);
+
+  const Tensor ids = ops::to_device(host_tensor(b.input_ids, {n_tokens}), dev);
+  const Tensor slots = ops::to_device(host_tensor(b.slots, {n_tokens}), dev);
+  const Tensor cu_q = ops::to_device(host_tensor(b.cu_seqlens, {n_seqs + 1}), dev);
+  const Tensor kv_lens = ops::to_device(host_tensor(b.kv_lens, {n_seqs}), dev);
+  const Tensor tables = ops::to_device(host_tensor(b.block_tables, {n_seqs, b.max_blocks}), dev);
+  const Tensor cos = ops::to_device(host_tensor(cos_h, {n_tokens, d / 2}), dev);
+  const Tensor sin = ops::to_device(host_tensor(sin_h, {n_tokens, d / 2}), dev);
+
+  Tensor x = empty({n_tokens, hidden});
+  ops::embedding(ids, word_embeddings_, x);
+  Tensor ln_a = empty({n_tokens, hidden});
+  Tensor ln_m = c.parallel_attn && !c.two_layer_norms() ? Tensor() : empty({n_tokens, hidden});
+  Tensor qkv = empty({n_tokens, c.qkv_out_dim()});
+  Tensor q = empty({n_tokens, c.n_heads, d});
+  Tensor k = empty({n_tokens, c.n_kv_heads, d});
+  Tensor v = empty({n_tokens, c.n_kv_heads, d});
+  Tensor attn = empty({n_tokens, c.n_heads, d});
+  Tensor attn_out = empty({n_tokens, hidden});
+  Tensor ffn = empty({n_tokens, c.ffn_hidden_size});
+  Tensor mlp_out = empty({n_tokens, hidden});
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const float eps = static_cast<float>(c.layer_norm_epsilon);
+
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const FalconLayerWeights& w = layers_[l];
+    ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
+    ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv);
+    ops::qkv_rotary(qkv, cos, sin, q, k, v);
+    ops::kv_write(k, v, slots, cache.k(l), cache.v(l));
+    ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn);
+    ops::linear(attn.view({n_tokens, c.n_heads * d}), w.dense_w, w.dense_b, attn_out);
+    if (c.parallel_attn) {
+      const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
+      if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
+      ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn);
+      ops::gelu(ffn);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      ops::add(x, attn_out, mlp_out, x);
+    } else {
+      ops::add(x, attn_out, Tensor(), x);
+      ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
+      ops::linear(ln_m, w.fc1_w, w.fc1_b, ffn);
+      ops::gelu(ffn);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      ops::add(x, mlp_out, Tensor(), x);
+    }
+  }
+
+  Tensor rows = x;
+  if (!b.lm_head_indices.empty()) {
+    const int64_t n_out = static_cast<int64_t>(b.lm_head_indices.size());
+    const Tensor idx = ops::to_device(host_tensor(b.lm_head_indices, {n_out}), dev);
+    rows = empty({n_out, hidden});
+    ops::gather_rows(x, idx, rows);
+  }
+  Tensor h = empty(rows.shape());
+  ops::layer_norm(rows, ln_f_w_, ln_f_b_, eps, h);
+  if (b.skip_lm_head) return h;
+  Tensor logits = empty({h.dim(0), c.vocab_size});
+  ops::linear(h, lm_head_, Tensor(), logits);
+  return logits;
+}
+
+}  // namespace kestrel

@@ -1,0 +1,55 @@
+// Helpers for the model tests: a fixture folder of tests/data, its prompts and
+// expected tensors (made by transformers), and the normalised error metric.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/safetensors.h"
+
+namespace kestrel::test {
+
+inline std::string fixture_dir(const std::string& name) {
+  return std::string(KESTREL_TEST_DATA) + "/" + name;
+}
+
+struct Expected {
+  WeightStore store;
+  std::vector<std::vector<int32_t>> prompts;
+
+  explicit Expected(const std::string& name)
+      : store(WeightStore::open_file(fixture_dir(name) + "/expected.safetensors")) {
+    const TensorInfo& ids = store.get("prompt_ids");
+    const TensorInfo& cu = store.get("cu_seqlens");
+    const auto* idp = reinterpret_cast<const int64_t*>(ids.data);
+    const auto* cup = reinterpret_cast<const int64_t*>(cu.data);
+    for (int64_t p = 0; p + 1 < cu.shape[0]; ++p) {
+      prompts.emplace_back(idp + cup[p], idp + cup[p + 1]);
+    }
+  }
+  const float* f32(const std::string& name) const {
+    return reinterpret_cast<const float*>(store.get(name).data);
+  }
+  const int64_t* i64(const std::string& name) const {
+    return reinterpret_cast<const int64_t*>(store.get(name).data);
+  }
+};
+
+// max |got - ref| / max |ref| over n values.
+inline double rel_error(const float* got, const float* ref, size_t n) {
+  double err = 0.0, mag = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - ref[i]));
+    mag = std::max(mag, std::abs(static_cast<double>(ref[i])));
+  }
+  return mag > 0 ? err / mag : err;
+}
+
+inline double rel_error(const Tensor& got, const Tensor& ref) {
+  return rel_error(got.data<float>(), ref.data<float>(), static_cast<size_t>(ref.numel()));
+}
+
+}  // namespace kestrel::test
