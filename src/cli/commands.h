@@ -9,5 +9,6 @@ namespace kestrel::cli {
 void add_model_commands(CLI::App& app);         // logits, generate   (model_cmds.cpp)
 void add_random_model_command(CLI::App& app);   // random-model       (random_model_cmd.cpp)
 void add_tokenize_commands(CLI::App& app);      // tokenize, detokenize (tokenize_cmd.cpp)
+void add_serve_command(CLI::App& app);          // serve (serve_cmd.cpp; with KESTREL_HAVE_SERVER)
 
 }  // namespace kestrel::cli

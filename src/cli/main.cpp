@@ -17,6 +17,9 @@ int main(int argc, char** argv) {
   kestrel::cli::add_model_commands(app);
   kestrel::cli::add_random_model_command(app);
   kestrel::cli::add_tokenize_commands(app);
+#ifdef KESTREL_HAVE_SERVER
+  kestrel::cli::add_serve_command(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

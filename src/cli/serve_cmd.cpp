@@ -1,0 +1,182 @@
+// `kestrel serve`: loads the model folder, starts the engine and answers the
+// LoRAX / TGI and OpenAI HTTP APIs until SIGTERM / SIGINT (then drains, exit 0).
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "engine/engine.h"
+#include "model/falcon_model.h"
+#include "server/chat_template.h"
+#include "server/http_server.h"
+#include "text/tokenizer.h"
+
+namespace kestrel::cli {
+namespace {
+
+struct ServeArgs {
+  std::string model_dir;
+  std::string model_id;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;
+  int64_t max_concurrent_requests = 512;
+  int64_t max_input_length = 1024;
+  int64_t max_total_tokens = 2048;
+  int64_t max_batch_prefill_tokens = 4096;
+  int64_t max_batch_total_tokens = 0;
+  int64_t max_running_seqs = 128;
+  std::string kv_cache_memory = "256MiB";
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;
+  bool no_prefix_caching = false;
+  int64_t max_body_bytes = 2 << 20;
+  int threads = 2;
+  double drain_timeout_s = 30;
+  int64_t max_best_of = 4;
+  int64_t max_stop_sequences = 4;
+};
+
+// "268435456", "256MiB", "1GiB", "512M", "2G".
+int64_t parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    KESTREL_FAIL("--kv-cache-memory: cannot read '", text, "' as a size (e.g. 256MiB)");
+  }
+  std::string unit = text.substr(used);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (unit == "k" || unit == "kib" || unit == "kb")
+    scale = 1024.0;
+  else if (unit == "m" || unit == "mib" || unit == "mb")
+    scale = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib" || unit == "gb")
+    scale = 1024.0 * 1024 * 1024;
+  else
+    KESTREL_CHECK(unit.empty() || unit == "b", "--kv-cache-memory: unknown unit '", unit, "'");
+  KESTREL_CHECK(v > 0, "--kv-cache-memory must be positive");
+  return static_cast<int64_t>(v * scale);
+}
+
+void run_serve(const ServeArgs& a) {
+  KESTREL_CHECK(a.max_input_length < a.max_total_tokens, "--max-input-length (", a.max_input_length,
+                ") must be below --max-total-tokens (", a.max_total_tokens, ")");
+  spdlog::info("loading model from {}", a.model_dir);
+  auto model = std::make_shared<const FalconModel>(FalconModel::load(a.model_dir));
+  spdlog::info("loaded {}", model->config().summary());
+  const std::filesystem::path dir(a.model_dir);
+  KESTREL_CHECK(std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
+                " has no tokenizer.json: the server needs one to read and write text");
+  auto tokenizer = std::make_shared<const text::Tokenizer>(text::Tokenizer::from_model_dir(dir));
+  spdlog::info("loaded tokenizer ({} tokens)", tokenizer->vocab_size());
+  server::ChatTemplate chat = server::ChatTemplate::from_model_dir(dir);
+  spdlog::info("chat template: {}", chat.is_default() ? "Falcon default (User:/Assistant:)"
+                                                      : "tokenizer_config.json chat_template");
+
+  EngineOptions eo;
+  eo.block_size = a.block_size;
+  eo.num_blocks = a.num_blocks;
+  eo.kv_cache_memory = parse_bytes(a.kv_cache_memory);
+  eo.max_batch_prefill_tokens = a.max_batch_prefill_tokens;
+  eo.max_running_seqs = a.max_running_seqs;
+  eo.max_input_length = a.max_input_length;
+  eo.max_total_tokens = a.max_total_tokens;
+  eo.max_batch_total_tokens = a.max_batch_total_tokens;
+  eo.prefix_caching = !a.no_prefix_caching;
+  Engine engine(model, tokenizer, eo);
+  const EngineStats st = engine.stats();
+  spdlog::info("engine ready: {} KV blocks of {} tokens", st.kv_blocks_total, eo.block_size);
+
+  server::ApiOptions ao;
+  ao.model_id = a.model_id.empty()
+                    ? std::filesystem::absolute(dir).lexically_normal().filename().string()
+                    : a.model_id;
+  if (ao.model_id.empty()) ao.model_id = "kestrel";
+  ao.api_key = a.api_key;
+  ao.max_concurrent_requests = a.max_concurrent_requests;
+  ao.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+  ao.limits.max_input_length = a.max_input_length;
+  ao.limits.max_total_tokens = a.max_total_tokens;
+  ao.limits.max_best_of = static_cast<int32_t>(a.max_best_of);
+  ao.limits.max_stop_sequences = static_cast<int32_t>(a.max_stop_sequences);
+  server::Api api(engine, *tokenizer, std::move(chat), ao);
+
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = static_cast<uint16_t>(a.port);
+  so.threads = a.threads;
+  so.drain_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000));
+  server::HttpServer server(api, so);
+  const uint16_t port = server.listen();
+  const bool v6 = a.host.find(':') != std::string::npos;
+  std::printf("kestrel serving %s on http://%s%s%s:%u\n", ao.model_id.c_str(), v6 ? "[" : "",
+              a.host.c_str(), v6 ? "]" : "", port);
+  std::fflush(stdout);
+  server.run();
+  spdlog::info("stopped");
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  static ServeArgs a;
+  CLI::App* cmd = app.add_subcommand("serve", "serve the LoRAX / TGI and OpenAI HTTP APIs");
+  cmd->add_option("--model", a.model_dir, "model folder (config.json, safetensors, tokenizer.json)")
+      ->required();
+  cmd->add_option("--model-id", a.model_id,
+                  "name in /info and /v1/models (default: the folder name)");
+  cmd->add_option("--host", a.host, "address to bind")->capture_default_str();
+  cmd->add_option("--port", a.port, "port to bind (0: any free port)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a.api_key,
+                  "require Authorization: Bearer KEY (all routes but /health)");
+  cmd->add_option("--max-concurrent-requests", a.max_concurrent_requests,
+                  "generation requests in flight before 429")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-input-length", a.max_input_length, "prompt tokens per request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-total-tokens", a.max_total_tokens, "prompt + generated tokens per request")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-batch-prefill-tokens", a.max_batch_prefill_tokens, "token budget per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-batch-total-tokens", a.max_batch_total_tokens,
+                  "tokens in the KV cache at once (0: what it holds)")
+      ->capture_default_str();
+  cmd->add_option("--max-running-seqs", a.max_running_seqs, "sequences decoding together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-cache-memory", a.kv_cache_memory, "KV cache size (bytes, or 256MiB, 2GiB)")
+      ->capture_default_str();
+  cmd->add_option("--num-blocks", a.num_blocks, "KV blocks (overrides --kv-cache-memory)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", a.block_size, "KV cache block size in tokens")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-prefix-caching", a.no_prefix_caching, "do not share prompt-prefix KV blocks");
+  cmd->add_option("--max-body-bytes", a.max_body_bytes, "request body limit (413 beyond)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-best-of", a.max_best_of, "largest best_of accepted")
+      ->capture_default_str();
+  cmd->add_option("--max-stop-sequences", a.max_stop_sequences, "stop sequences per request")
+      ->capture_default_str();
+  cmd->add_option("--http-threads", a.threads, "HTTP I/O threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--drain-timeout", a.drain_timeout_s,
+                  "seconds to let in-flight requests finish on SIGTERM / SIGINT")
+      ->capture_default_str();
+  cmd->callback([] { run_serve(a); });
+}
+
+}  // namespace kestrel::cli

@@ -1,0 +1,112 @@
+// The routes: request -> either an immediate reply or a generation job that
+// turns engine events into a dialect's output (TGI JSON or SSE, OpenAI JSON or
+// SSE). Knows nothing of sockets: the session (http_server.cpp) does the I/O.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/chat_template.h"
+#include "server/generate_request.h"
+#include "server/metrics.h"
+
+namespace kestrel::text {
+class Tokenizer;
+}
+
+namespace kestrel::server {
+
+struct Reply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+Reply json_reply(int status, const json& body);
+Reply error_reply(int status, const std::string& error_type, const std::string& message);
+
+// How a job writes its output; implemented by the session, called on its strand.
+class ResponseChannel {
+ public:
+  virtual ~ResponseChannel() = default;
+  virtual void reply(Reply r) = 0;  // a whole response
+  virtual void begin_stream(const std::string& content_type) = 0;
+  virtual void stream(std::string bytes) = 0;
+  virtual void end_stream() = 0;
+};
+
+// One generation's output in one dialect. Events arrive in the engine's order.
+class GenerationJob {
+ public:
+  virtual ~GenerationJob() = default;
+  virtual void start(ResponseChannel& out) {}
+  virtual void on_token(const TokenInfo& token, ResponseChannel& out) = 0;
+  virtual void on_finished(const GenerationResult& result, ResponseChannel& out) = 0;
+  virtual void on_error(const std::string& message, ResponseChannel& out) = 0;
+};
+
+struct Routed {
+  std::optional<Reply> reply;  // set: answer this; else submit `request` and drive `job`
+  GenerationRequest request;
+  std::unique_ptr<GenerationJob> job;
+};
+
+struct ApiOptions {
+  std::string model_id = "kestrel";
+  std::string api_key;  // empty: no auth
+  int64_t max_concurrent_requests = 512;
+  size_t max_body_bytes = 2 << 20;
+  RequestLimits limits;
+};
+
+class Api {
+ public:
+  Api(Engine& engine, const text::Tokenizer& tokenizer, ChatTemplate chat_template,
+      ApiOptions options);
+
+  // Never throws: client mistakes become 4xx replies, anything else a 500.
+  Routed route(const std::string& method, const std::string& target, const std::string& body,
+               const std::string& authorization);
+
+  Engine& engine() { return engine_; }
+  Metrics& metrics() { return metrics_; }
+  const ApiOptions& options() const { return options_; }
+
+  // The --max-concurrent-requests gate around a generation.
+  bool try_acquire();
+  void release();
+  int64_t in_flight() const { return in_flight_.load(); }
+  // While draining, new generations get 503.
+  void set_draining() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
+
+ private:
+  Routed dispatch(const std::string& method, const std::string& path, const std::string& body);
+  Routed generate(const std::string& body, bool stream_default, bool from_root);
+  Routed completions(const std::string& body);
+  Routed chat(const std::string& body);
+  Reply tokenize(const std::string& body);
+  Reply info() const;
+  Reply models() const;
+
+  Engine& engine_;
+  const text::Tokenizer& tokenizer_;
+  ChatTemplate chat_template_;
+  ApiOptions options_;
+  Metrics metrics_;
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+};
+
+// The OpenAPI document served at /docs (docs/openapi.json, embedded at build time).
+const std::string& openapi_json();
+
+}  // namespace kestrel::server

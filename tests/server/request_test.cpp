@@ -1,0 +1,214 @@
+// Request parsing and validation: LoRAX / TGI and OpenAI bodies into
+// SamplingParams, and the 400 / 422 errors that name the field.
+#include <gtest/gtest.h>
+
+#include "server/generate_request.h"
+#include "server/http_error.h"
+#include "server/openai.h"
+
+namespace kestrel::server {
+namespace {
+
+GenerateParams parse(const std::string& body, bool stream = false, RequestLimits limits = {}) {
+  return parse_generate_request(parse_json_object(body), stream, limits);
+}
+
+std::string field_of(const std::string& body) {
+  try {
+    parse(body);
+  } catch (const ValidationError& e) {
+    return e.field();
+  }
+  return "";
+}
+
+TEST(GenerateRequest, Defaults) {
+  GenerateParams g = parse(R"({"inputs": "Hello"})");
+  EXPECT_EQ(g.inputs, "Hello");
+  EXPECT_FALSE(g.sampling.do_sample);
+  EXPECT_EQ(g.sampling.max_new_tokens, 20);
+  EXPECT_FALSE(g.max_new_tokens_given);
+  EXPECT_FALSE(g.stream);
+  EXPECT_FALSE(g.details);
+}
+
+TEST(GenerateRequest, AllParameters) {
+  GenerateParams g = parse(R"({"inputs": "x", "stream": true, "parameters": {
+      "temperature": 0.7, "top_k": 5, "top_p": 0.9, "typical_p": 0.95, "repetition_penalty": 1.1,
+      "frequency_penalty": 0.5, "presence_penalty": -0.5, "max_new_tokens": 7, "seed": 42,
+      "stop": ["\n", "###"], "ignore_eos_token": true, "details": true, "decoder_input_details": true,
+      "return_full_text": true, "truncate": 10, "return_k_alternatives": 3,
+      "adapter_id": null, "watermark": false, "response_format": null}})");
+  EXPECT_TRUE(g.stream);
+  EXPECT_TRUE(g.sampling.do_sample);  // warpers imply sampling, as in TGI
+  EXPECT_FLOAT_EQ(g.sampling.temperature, 0.7f);
+  EXPECT_EQ(g.sampling.top_k, 5);
+  EXPECT_FLOAT_EQ(g.sampling.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(g.sampling.typical_p, 0.95f);
+  EXPECT_FLOAT_EQ(g.sampling.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(g.sampling.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling.presence_penalty, -0.5f);
+  EXPECT_EQ(g.sampling.max_new_tokens, 7);
+  EXPECT_EQ(g.sampling.seed, 42u);
+  EXPECT_EQ(g.sampling.stop, (std::vector<std::string>{"\n", "###"}));
+  EXPECT_TRUE(g.sampling.ignore_eos);
+  EXPECT_TRUE(g.details && g.decoder_input_details && g.return_full_text);
+  EXPECT_TRUE(g.sampling.prompt_logprobs);
+  EXPECT_EQ(g.truncate, 10);
+  EXPECT_EQ(g.sampling.top_n_tokens, 3);
+}
+
+TEST(GenerateRequest, TemperatureZeroIsGreedy) {
+  GenerateParams g =
+      parse(R"({"inputs": "x", "parameters": {"temperature": 0, "do_sample": true}})");
+  EXPECT_FALSE(g.sampling.do_sample);
+  EXPECT_GT(g.sampling.temperature, 0.0f);
+  g = parse(R"({"inputs": "x", "parameters": {"temperature": 1.0}})");
+  EXPECT_FALSE(g.sampling.do_sample);  // no warper: greedy, as TGI
+  g = parse(R"({"inputs": "x", "parameters": {"do_sample": true}})");
+  EXPECT_TRUE(g.sampling.do_sample);
+}
+
+TEST(GenerateRequest, ValidationNamesTheField) {
+  EXPECT_EQ(field_of(R"({"parameters": {}})"), "inputs");
+  EXPECT_EQ(field_of(R"({"inputs": 5})"), "inputs");
+  EXPECT_EQ(field_of(R"({"inputs": ""})"), "inputs");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"temperature": -1}})"), "temperature");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"temperature": "hot"}})"), "temperature");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"top_p": 1.5}})"), "top_p");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"top_p": 0}})"), "top_p");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"top_k": -1}})"), "top_k");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"typical_p": 2}})"), "typical_p");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"repetition_penalty": 0}})"),
+            "repetition_penalty");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"frequency_penalty": 3}})"),
+            "frequency_penalty");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"max_new_tokens": 0}})"), "max_new_tokens");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"max_new_tokens": 1000000000}})"),
+            "max_new_tokens");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"max_new_tokens": 2.5}})"),
+            "max_new_tokens");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"seed": -3}})"), "seed");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"stop": ["a","b","c","d","e"]}})"), "stop");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"stop": [1]}})"), "stop");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"truncate": 0}})"), "truncate");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"best_of": 2}})"), "best_of");
+  EXPECT_EQ(
+      field_of(R"({"inputs": "x", "parameters": {"best_of": 2, "do_sample": true, "seed": 1}})"),
+      "seed");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": 3})"), "parameters");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"details": "yes"}})"), "details");
+}
+
+TEST(GenerateRequest, UnsupportedYet) {
+  for (const char* body :
+       {R"({"inputs": "x", "parameters": {"adapter_id": "a/b"}})",
+        R"({"inputs": "x", "parameters": {"watermark": true}})",
+        R"({"inputs": "x", "parameters": {"response_format": {"type": "json_object"}}})"}) {
+    try {
+      parse(body);
+      ADD_FAILURE() << body;
+    } catch (const ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(GenerateRequest, BestOfNotWhenStreaming) {
+  EXPECT_THROW(parse(R"({"inputs": "x", "parameters": {"best_of": 2, "do_sample": true}})", true),
+               ValidationError);
+  EXPECT_EQ(
+      parse(R"({"inputs": "x", "parameters": {"best_of": 2, "do_sample": true}})").sampling.best_of,
+      2);
+}
+
+TEST(JsonBody, MalformedIs400InvalidUtf8Is422) {
+  try {
+    parse_json_object(R"({"inputs": "x")");
+    FAIL();
+  } catch (const HttpError& e) {
+    EXPECT_EQ(e.status(), 400);
+  }
+  EXPECT_THROW(parse_json_object("[1, 2]"), HttpError);
+  EXPECT_THROW(parse_json_object(""), HttpError);
+  EXPECT_THROW(parse_json_object("{\"inputs\": \"\xff\xfe\"}"), ValidationError);
+  EXPECT_THROW(parse_json_object(R"({"inputs": "\udc00"})"), ValidationError);
+  EXPECT_NO_THROW(parse_json_object(R"({"inputs": "caf\u00e9 \ud83d\ude00"})"));
+}
+
+TEST(Utf8, Validation) {
+  EXPECT_TRUE(valid_utf8("plain"));
+  EXPECT_TRUE(valid_utf8("caf\xc3\xa9 \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));          // overlong
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));      // surrogate
+  EXPECT_FALSE(valid_utf8("\xe2\x82"));          // truncated
+  EXPECT_FALSE(valid_utf8("\xf4\x90\x80\x80"));  // beyond U+10FFFF
+}
+
+TEST(FitToLimits, TruncateAndBudget) {
+  RequestLimits limits;
+  limits.max_input_length = 8;
+  limits.max_total_tokens = 12;
+  SamplingParams p;
+  std::vector<int32_t> ids{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  EXPECT_THROW(fit_to_limits(ids, std::nullopt, false, p, limits), ValidationError);
+  fit_to_limits(ids, 6, false, p, limits);
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 6, 7, 8, 9, 10}));
+  EXPECT_EQ(p.max_new_tokens, 6);  // the default 20, capped by the budget
+  p.max_new_tokens = 7;
+  EXPECT_THROW(fit_to_limits(ids, std::nullopt, true, p, limits), ValidationError);
+}
+
+TEST(OpenAi, Completion) {
+  RequestLimits limits;
+  OpenAiRequest r = parse_completion_request(
+      parse_json_object(R"({"model": "m", "prompt": "Hi", "max_tokens": 5, "temperature": 0,
+                            "stop": "\n", "logprobs": 2, "stream": true,
+                            "stream_options": {"include_usage": true}})"),
+      limits);
+  EXPECT_EQ(r.prompt, "Hi");
+  EXPECT_FALSE(r.sampling.do_sample);
+  EXPECT_EQ(r.sampling.max_new_tokens, 5);
+  EXPECT_EQ(r.sampling.stop, (std::vector<std::string>{"\n"}));
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_EQ(r.sampling.top_n_tokens, 2);
+  EXPECT_TRUE(r.stream && r.include_usage);
+  r = parse_completion_request(parse_json_object(R"({"prompt": ["Hi"]})"), limits);
+  EXPECT_TRUE(r.sampling.do_sample);  // OpenAI's default temperature 1 samples
+  EXPECT_EQ(r.sampling.max_new_tokens, 16);
+  r = parse_completion_request(parse_json_object(R"({"prompt": [1, 2, 3]})"), limits);
+  EXPECT_EQ(*r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_THROW(parse_completion_request(parse_json_object(R"({"prompt": ["a", "b"]})"), limits),
+               ValidationError);
+  EXPECT_THROW(parse_completion_request(parse_json_object(R"({"prompt": "a", "n": 2})"), limits),
+               ValidationError);
+  EXPECT_THROW(parse_completion_request(
+                   parse_json_object(R"({"prompt": "a", "temperature": -0.5})"), limits),
+               ValidationError);
+}
+
+TEST(OpenAi, Chat) {
+  RequestLimits limits;
+  OpenAiRequest r = parse_chat_request(
+      parse_json_object(R"({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+          "logprobs": true, "top_logprobs": 2, "max_completion_tokens": 9})"),
+      limits);
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].content, "Hi");
+  EXPECT_EQ(r.logprobs, 2);
+  EXPECT_EQ(r.sampling.max_new_tokens, 9);
+  EXPECT_THROW(parse_chat_request(parse_json_object(R"({"messages": []})"), limits),
+               ValidationError);
+  EXPECT_THROW(parse_chat_request(parse_json_object(R"({"messages": [{"content": "x"}]})"), limits),
+               ValidationError);
+  EXPECT_THROW(
+      parse_chat_request(
+          parse_json_object(
+              R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})"),
+          limits),
+      ValidationError);
+}
+
+}  // namespace
+}  // namespace kestrel::server
