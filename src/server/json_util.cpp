@@ -50,7 +50,8 @@ json parse_json_object(std::string_view body) {
   if (j.is_discarded()) {
     // Tell a lone \uDC00-style surrogate (text the model cannot take) from broken syntax.
     try {
-      (void)json::parse(body);
+      const json strict = json::parse(body);
+      (void)strict;
     } catch (const json::parse_error& e) {
       const std::string what = e.what();
       if (what.find("surrogate") != std::string::npos)
