@@ -43,6 +43,15 @@ void expect(const char* op, const char* what, const Tensor& t, DType dtype, int 
                 ", expected ", ndim, " dims");
 }
 
+// Uniform in [0, 1) from (seed, i); the CUDA kernel computes the same function.
+float hash_uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
 // Activations are F32 on the CPU and BF16 on CUDA.
 DType act_dtype(const Tensor& t) {
   return t.device() == Device::kCpu ? DType::kF32 : DType::kBF16;
@@ -58,6 +67,37 @@ bool cuda_available() {
 #endif
 }
 
+int cuda_device_count() {
+#ifdef KESTREL_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+void synchronize(Device device) {
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) cuda::synchronize();
+#endif
+}
+
+Tensor to_host_f32(const Tensor& src) {
+  KESTREL_CHECK(src.defined(), "to_host_f32: undefined tensor");
+  if (src.device() == Device::kCpu) {
+    if (src.dtype() == DType::kF32) return src;
+    Tensor out = Tensor::empty(DType::kF32, src.shape());
+    convert_to_f32(src.raw(), src.dtype(), static_cast<size_t>(src.numel()), out.data<float>());
+    return out;
+  }
+#ifdef KESTREL_CUDA
+  Tensor out = Tensor::empty(DType::kF32, src.shape());
+  cuda::copy(src, out);
+  return out;
+#else
+  KESTREL_FAIL("to_host_f32: this kestrel was built without CUDA");
+#endif
+}
+
 DType weight_dtype(Device device) {
   return device == Device::kCpu ? DType::kF32 : DType::kBF16;
 }
@@ -65,6 +105,7 @@ DType weight_dtype(Device device) {
 Tensor to_device(const Tensor& src, Device device) {
   if (src.device() == device) return src;
 #ifdef KESTREL_CUDA
+  if (!src.defined()) return src;
   Tensor dst = Tensor::empty(src.dtype(), src.shape(), device);
   cuda::copy(src, dst);
   return dst;
@@ -89,6 +130,29 @@ Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DTyp
 #endif
 }
 
+Tensor random_uniform(const Shape& shape, DType dtype, Device device, uint64_t seed, float amp,
+                      float constant) {
+  KESTREL_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "random_uniform: dtype ",
+                dtype_name(dtype));
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) return cuda::random_uniform(shape, dtype, seed, amp, constant);
+#endif
+  KESTREL_CHECK(device == Device::kCpu, "random_uniform: built without CUDA");
+  Tensor out = Tensor::empty(dtype, shape);
+  const int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v =
+        amp > 0 ? amp * (2.0f * hash_uniform(seed, static_cast<uint64_t>(i)) - 1.0f) : constant;
+    if (dtype == DType::kF32) {
+      out.data<float>()[i] = v;
+    } else {
+      out.data<uint16_t>()[i] = f32_to_bf16(v);
+    }
+  }
+  return out;
+}
+
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   expect("embedding", "ids", ids, DType::kI32, 1);
   expect("embedding", "out", out, act_dtype(out), 2);
@@ -111,7 +175,12 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
   expect("linear", "x", x, act_dtype(x), 2);
-  expect("linear", "out", out, act_dtype(x), 2);
+  // On CUDA the output may also be F32 (the logits).
+  if (x.device() == Device::kCuda && out.dtype() == DType::kF32) {
+    expect("linear", "out", out, DType::kF32, 2);
+  } else {
+    expect("linear", "out", out, act_dtype(x), 2);
+  }
   KESTREL_CHECK(weight.ndim() == 2 && weight.dim(1) == x.dim(1) && out.dim(0) == x.dim(0) &&
                     out.dim(1) == weight.dim(0),
                 "linear: x ", shape_str(x.shape()), ", weight ", shape_str(weight.shape()),
@@ -173,7 +242,7 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out) {
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len) {
   expect("paged_attention", "q", q, act_dtype(q), 3);
   expect("paged_attention", "block_tables", block_tables, DType::kI32, 2);
   expect("paged_attention", "cu_q", cu_q, DType::kI32, 1);
@@ -190,8 +259,17 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                 shape_str(q.shape()));
   KESTREL_CHECK(max_kv_len <= block_tables.dim(1) * k_cache.dim(1), "paged_attention: max_kv_len ",
                 max_kv_len, " beyond ", block_tables.dim(1), " blocks of ", k_cache.dim(1));
-  KESTREL_DISPATCH(q, paged_attention, q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len,
-                   scale, out);
+  KESTREL_CHECK(max_q_len >= 0 && max_q_len <= q.dim(0), "paged_attention: max_q_len ", max_q_len,
+                " for ", q.dim(0), " rows");
+#ifdef KESTREL_CUDA
+  if (q.device() == Device::kCuda) {
+    cuda::paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len, scale, out,
+                          max_q_len);
+    return;
+  }
+#endif
+  KESTREL_CHECK(q.device() == Device::kCpu, "paged_attention: built without CUDA");
+  cpu::paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len, scale, out);
 }
 
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
@@ -201,6 +279,29 @@ void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
                 "gather_rows: x ", shape_str(x.shape()), ", indices ", shape_str(indices.shape()),
                 ", out ", shape_str(out.shape()));
   KESTREL_DISPATCH(x, gather_rows, x, indices, out);
+}
+
+void argmax_rows(const Tensor& logits, Tensor& out) {
+  expect("argmax_rows", "logits", logits, DType::kF32, 2);
+  expect("argmax_rows", "out", out, DType::kI32, 1);
+  KESTREL_CHECK(out.dim(0) == logits.dim(0) && logits.dim(1) > 0, "argmax_rows: logits ",
+                shape_str(logits.shape()), ", out ", shape_str(out.shape()));
+  same_device("argmax_rows", logits, out);
+#ifdef KESTREL_CUDA
+  if (logits.device() == Device::kCuda) {
+    cuda::argmax_rows(logits, out);
+    return;
+  }
+#endif
+  KESTREL_CHECK(logits.device() == Device::kCpu, "argmax_rows: built without CUDA");
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    const float* p = logits.data<float>() + r * vocab;
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i)
+      if (p[i] > p[best]) best = i;
+    out.data<int32_t>()[r] = static_cast<int32_t>(best);
+  }
 }
 
 }  // namespace kestrel::ops

@@ -12,14 +12,26 @@ namespace kestrel::ops {
 
 // Whether this build has the CUDA backend.
 bool cuda_available();
+// Visible CUDA devices (0 without the backend, a driver or a GPU).
+int cuda_device_count();
+// Waits for the device's queued work (no-op on the CPU).
+void synchronize(Device device);
 
 // A copy of `src` on `device` (the same tensor when it already is there).
 Tensor to_device(const Tensor& src, Device device);
+// A host F32 copy of `src` (any float dtype, any device): logits and hidden
+// states for CPU consumers.
+Tensor to_host_f32(const Tensor& src);
 // The weight dtype the backend computes with: F32 on the CPU, BF16 on CUDA.
 DType weight_dtype(Device device);
 // Converts host weights (F32/F16/BF16) into a new tensor of `dtype` on `device`.
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype,
                      Device device);
+
+// A new tensor of uniform values in [-amp, amp] (amp 0: all `constant`), from a
+// counter-based hash of (seed, index): the same values on every device.
+Tensor random_uniform(const Shape& shape, DType dtype, Device device, uint64_t seed, float amp,
+                      float constant);
 
 // out[t] = table[ids[t]]. ids [T] I32, table [vocab, hidden], out [T, hidden].
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
@@ -55,12 +67,17 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
 // context positions [0, kv_lens[b] - q_len + j].
 // q [T, n_heads, d]; caches [num_blocks, block_size, n_kv_heads, d];
 // block_tables [B, max_blocks] I32; cu_q [B + 1] I32; kv_lens [B] I32;
-// out [T, n_heads, d]. max_kv_len bounds kv_lens (sizes scratch space).
+// out [T, n_heads, d]. max_kv_len bounds kv_lens (sizes scratch space);
+// max_q_len (0: unknown, taken as T) bounds the new tokens of one sequence and
+// sizes the CUDA grid.
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out);
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len = 0);
 
 // out[i] = x[indices[i]]. x [T, hidden], indices [N] I32, out [N, hidden].
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
+
+// out[i] = argmax of row i of logits [N, vocab] F32 (the first on ties); out [N] I32.
+void argmax_rows(const Tensor& logits, Tensor& out);
 
 }  // namespace kestrel::ops

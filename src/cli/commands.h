@@ -10,5 +10,6 @@ void add_model_commands(CLI::App& app);         // logits, generate   (model_cmd
 void add_random_model_command(CLI::App& app);   // random-model       (random_model_cmd.cpp)
 void add_tokenize_commands(CLI::App& app);      // tokenize, detokenize (tokenize_cmd.cpp)
 void add_serve_command(CLI::App& app);          // serve (serve_cmd.cpp; with KESTREL_HAVE_SERVER)
+void add_bench_command(CLI::App& app);          // bench              (bench_cmd.cpp)
 
 }  // namespace kestrel::cli

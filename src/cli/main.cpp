@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
 #ifdef KESTREL_HAVE_SERVER
   kestrel::cli::add_serve_command(app);
 #endif
+  kestrel::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,6 +6,7 @@
 #include "model/falcon_model.h"
 
 #include <cmath>
+#include <map>
 
 #include "backend/ops.h"
 #include "core/error.h"
@@ -41,10 +42,6 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
   KESTREL_CHECK(!config.alibi,
                 "ALiBi position bias (config \"alibi\": true) is not supported "
                 "yet; kestrel runs rotary Falcon models");
-  FalconModel m;
-  m.config_ = config;
-  m.device_ = device;
-  m.act_dtype_ = ops::weight_dtype(device);
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
@@ -57,11 +54,38 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
     spdlog::warn("checkpoint holds {} tensors the config does not use (ignored)",
                  store.names().size() - known);
   }
-
-  auto load = [&](const std::string& name) {
+  const DType dtype = ops::weight_dtype(device);
+  return build(config, device, has_lm_head, [&](const std::string& name) {
     const TensorInfo& info = store.get(name);
-    return ops::upload_weight(info.data, info.dtype, info.shape, m.act_dtype_, device);
-  };
+    return ops::upload_weight(info.data, info.dtype, info.shape, dtype, device);
+  });
+}
+
+FalconModel FalconModel::random(const FalconConfig& config, Device device, uint64_t seed) {
+  KESTREL_CHECK(!config.alibi, "ALiBi position bias is not supported yet");
+  const bool has_lm_head = !config.tie_word_embeddings;
+  std::map<std::string, Shape> shapes;
+  for (const WeightSpec& w : falcon_weight_specs(config, has_lm_head)) shapes[w.name] = w.shape;
+  const DType dtype = ops::weight_dtype(device);
+  uint64_t n = 0;
+  return build(config, device, has_lm_head, [&](const std::string& name) {
+    // As random-model draws them: norms 1 (weights) / 0 (biases), linears U(+-0.02 sqrt 3).
+    const bool is_norm =
+        name.find("ln") != std::string::npos || name.find("layernorm") != std::string::npos;
+    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    const float constant = is_norm && !is_bias ? 1.0f : 0.0f;
+    const float amp = is_norm || is_bias ? 0.0f : 0.02f * std::sqrt(3.0f);
+    return ops::random_uniform(shapes.at(name), dtype, device, seed * 0x9e3779b97f4a7c15ull + ++n,
+                               amp, constant);
+  });
+}
+
+FalconModel FalconModel::build(const FalconConfig& config, Device device, bool has_lm_head,
+                               const std::function<Tensor(const std::string&)>& load) {
+  FalconModel m;
+  m.config_ = config;
+  m.device_ = device;
+  m.act_dtype_ = ops::weight_dtype(device);
   auto load_opt = [&](const std::string& name) { return config.bias ? load(name) : Tensor(); };
 
   m.word_embeddings_ = load("transformer.word_embeddings.weight");
@@ -160,6 +184,10 @@ void FalconModel::rope_tables(const ForwardBatch& b, std::vector<float>& cos,
 }
 
 Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
+  return ops::to_host_f32(forward_device(b, cache));
+}
+
+Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const {
   check_batch(b, cache);
   const FalconConfig& c = config_;
   const int64_t n_tokens = b.n_tokens(), n_seqs = b.n_seqs();
@@ -170,8 +198,10 @@ Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
 
   std::vector<float> cos_h, sin_h;
   rope_tables(b, cos_h, sin_h);
-  int32_t max_kv_len = 0;
+  int32_t max_kv_len = 0, max_q_len = 0;
   for (int32_t len : b.kv_lens) max_kv_len = std::max(max_kv_len, len);
+  for (int64_t s = 0; s < n_seqs; ++s)
+    max_q_len = std::max(max_q_len, b.cu_seqlens[s + 1] - b.cu_seqlens[s]);
 
   const Tensor ids = ops::to_device(host_tensor(b.input_ids, {n_tokens}), dev);
   const Tensor slots = ops::to_device(host_tensor(b.slots, {n_tokens}), dev);
@@ -202,7 +232,8 @@ Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
     ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv);
     ops::qkv_rotary(qkv, cos, sin, q, k, v);
     ops::kv_write(k, v, slots, cache.k(l), cache.v(l));
-    ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn);
+    ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
+                         max_q_len);
     ops::linear(attn.view({n_tokens, c.n_heads * d}), w.dense_w, w.dense_b, attn_out);
     if (c.parallel_attn) {
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
@@ -231,7 +262,8 @@ Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
   Tensor h = empty(rows.shape());
   ops::layer_norm(rows, ln_f_w_, ln_f_b_, eps, h);
   if (b.skip_lm_head) return h;
-  Tensor logits = empty({h.dim(0), c.vocab_size});
+  // Logits in F32 on every device (the CUDA GEMM writes them from its fp32 accumulators).
+  Tensor logits = Tensor::empty(DType::kF32, {h.dim(0), c.vocab_size}, dev);
   ops::linear(h, lm_head_, Tensor(), logits);
   return logits;
 }

@@ -2,6 +2,8 @@
 // and its forward pass, written once against backend/ops.h.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,9 @@ class FalconModel {
   static FalconModel load(const std::string& dir, Device device = Device::kCpu);
   static FalconModel from_store(const FalconConfig& config, const WeightStore& store,
                                 Device device);
+  // Random weights at the config's shapes, drawn on the device (benchmarks:
+  // no files written or read).
+  static FalconModel random(const FalconConfig& config, Device device, uint64_t seed = 0);
 
   const FalconConfig& config() const { return config_; }
   Device device() const { return device_; }
@@ -43,8 +48,13 @@ class FalconModel {
   // (every row when empty), or the final hidden states [n_out, hidden] with
   // skip_lm_head.
   Tensor forward(const ForwardBatch& batch, KvCache& cache) const;
+  // The same, leaving the result on the model's device: logits F32, hidden
+  // states in act_dtype() (for sampling on the GPU and benchmarks).
+  Tensor forward_device(const ForwardBatch& batch, KvCache& cache) const;
 
  private:
+  static FalconModel build(const FalconConfig& config, Device device, bool has_lm_head,
+                           const std::function<Tensor(const std::string&)>& load);
   void check_batch(const ForwardBatch& batch, const KvCache& cache) const;
   void rope_tables(const ForwardBatch& batch, std::vector<float>& cos,
                    std::vector<float>& sin) const;

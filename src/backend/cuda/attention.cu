@@ -1,0 +1,454 @@
+// Attention over the paged KV cache, two kernels behind one contract
+// (backend/ops.h: sequence b's new rows [cu_q[b], cu_q[b+1]) attend causally to
+// context [0, kv_len - q_len + j]):
+//  v1 attention_generic: one block per (token, head), warps stride over keys,
+//     online softmax in fp32. Any head_dim <= 256; the reference on the GPU.
+//  v2 attention_mma: FlashAttention-2 style on tensor cores (mma.sync m16n8k16
+//     bf16, fp32 accumulate). Its rows are (token, query head) pairs of one
+//     sequence and one K/V head, so a K/V tile in shared memory serves every
+//     query head of the group (falcon-7b: 71 heads on 1 K/V head). K/V tiles are
+//     gathered from the pages with cp.async; the context may be split over
+//     blocks (flash-decoding) and merged by attention_combine.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace kestrel::cuda::kernels {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float bf(uint16_t h) {
+  return __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+// The sequence that row t of q belongs to: the last b with cu_q[b] <= t.
+__device__ __forceinline__ int find_seq(const int32_t* cu_q, int n_seqs, int t) {
+  int lo = 0, hi = n_seqs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (cu_q[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// ---------------------------------------------------------------------------
+// v1: grid (n_heads, T), 4 warps; lane l holds dims l, l + 32, ... of the head.
+constexpr int kGenericWarps = 4;
+constexpr int kGenericMaxDimsPerLane = 8;  // head_dim <= 256
+
+__global__ void attention_generic_kernel(AttentionParams p) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int d = static_cast<int>(p.head_dim);
+  const int per_lane = (d + 31) / 32;
+  const int b = find_seq(p.cu_q, static_cast<int>(p.n_seqs), t);
+  const int q_len = p.cu_q[b + 1] - p.cu_q[b];
+  const int64_t cap = p.max_blocks * p.block_size;
+  const int kv_len = static_cast<int>(min(static_cast<int64_t>(p.kv_lens[b]), cap));
+  const int ctx = kv_len - q_len + (t - p.cu_q[b]) + 1;
+  const int kvh = h / static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int32_t* table = p.block_tables + b * p.max_blocks;
+
+  float qv[kGenericMaxDimsPerLane], acc[kGenericMaxDimsPerLane];
+  const uint16_t* qp = p.q + (static_cast<int64_t>(t) * p.n_heads + h) * d;
+#pragma unroll
+  for (int i = 0; i < kGenericMaxDimsPerLane; ++i) {
+    const int dim = lane + 32 * i;
+    qv[i] = (i < per_lane && dim < d) ? bf(qp[dim]) * p.scale * kLog2e : 0.0f;
+    acc[i] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  for (int pos = warp; pos < ctx; pos += kGenericWarps) {
+    const int32_t blk = table[pos / p.block_size];
+    if (blk < 0 || blk >= p.num_blocks) continue;
+    const int64_t base =
+        ((static_cast<int64_t>(blk) * p.block_size + pos % p.block_size) * p.n_kv_heads + kvh) * d;
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kGenericMaxDimsPerLane; ++i) {
+      const int dim = lane + 32 * i;
+      if (i < per_lane && dim < d) dot += qv[i] * bf(p.k_cache[base + dim]);
+    }
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float m_new = fmaxf(m, dot);
+    const float alpha = exp2f(m - m_new), w = exp2f(dot - m_new);
+    l = l * alpha + w;
+#pragma unroll
+    for (int i = 0; i < kGenericMaxDimsPerLane; ++i) {
+      const int dim = lane + 32 * i;
+      const float vv = (i < per_lane && dim < d) ? bf(p.v_cache[base + dim]) : 0.0f;
+      acc[i] = acc[i] * alpha + w * vv;
+    }
+    m = m_new;
+  }
+  // Merge the warps' partial softmaxes.
+  __shared__ float s_m[kGenericWarps], s_l[kGenericWarps];
+  __shared__ float s_acc[kGenericWarps][32 * kGenericMaxDimsPerLane];
+  if (lane == 0) s_m[warp] = m, s_l[warp] = l;
+#pragma unroll
+  for (int i = 0; i < kGenericMaxDimsPerLane; ++i) s_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  float mm = -INFINITY;
+  for (int w = 0; w < kGenericWarps; ++w) mm = fmaxf(mm, s_m[w]);
+  float denom = 0.0f, wts[kGenericWarps];
+  for (int w = 0; w < kGenericWarps; ++w) {
+    wts[w] = s_m[w] == -INFINITY ? 0.0f : exp2f(s_m[w] - mm);
+    denom += wts[w] * s_l[w];
+  }
+  const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+  uint16_t* op = p.out + (static_cast<int64_t>(t) * p.n_heads + h) * d;
+  for (int dim = threadIdx.x; dim < d; dim += blockDim.x) {
+    float o = 0.0f;
+    for (int w = 0; w < kGenericWarps; ++w) o += wts[w] * s_acc[w][dim];
+    op[dim] = __bfloat16_as_ushort(__float2bfloat16(o * inv));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// v2: tensor-core flash attention. Block: 4 warps, 64 rows (16 per warp) x
+// 64-key tiles. Row r of the (sequence b, K/V head g) problem is token
+// j = r / group, query head g * group + r % group.
+constexpr int kBlockM = 64, kBlockN = 64, kMmaThreads = 128;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes 0 writes zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c[16x8] += a[16x16] (row) * b[16x8] (col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// grid (m tiles, n_seqs * n_kv_heads, n_splits). With n_splits > 1, writes
+// partial outputs (normalised over the split) to o_part [n_splits, T, n_heads, D]
+// and their log2-sum-exp to lse_part [n_splits, T, n_heads].
+template <int D>
+__global__ void __launch_bounds__(kMmaThreads)
+    attention_mma_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
+  constexpr int kStride = D + 8;  // bf16 elements per smem row: 16 bytes of padding
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* s_q = smem;
+  uint16_t* s_k = s_q + kBlockM * kStride;
+  uint16_t* s_v = s_k + kBlockN * kStride;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n_kv_heads = static_cast<int>(p.n_kv_heads);
+  const int b = blockIdx.y / n_kv_heads, g = blockIdx.y % n_kv_heads;
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int q_begin = p.cu_q[b], q_len = p.cu_q[b + 1] - q_begin;
+  const int m_rows = q_len * group;
+  const int row0 = blockIdx.x * kBlockM;
+  if (row0 >= m_rows) return;
+  const int64_t cap = p.max_blocks * p.block_size;
+  const int kv_len = static_cast<int>(min(static_cast<int64_t>(p.kv_lens[b]), cap));
+  const int32_t* table = p.block_tables + b * p.max_blocks;
+  const int split = blockIdx.z;
+
+  // This block's keys: its split of the context, up to the last row's causal end.
+  const int last_row = min(row0 + kBlockM, m_rows) - 1;
+  const int ctx_max = kv_len - q_len + last_row / group + 1;
+  const int chunk = ((kv_len + n_splits - 1) / n_splits + kBlockN - 1) / kBlockN * kBlockN;
+  const int k_begin = split * chunk;
+  const int k_end = min(min(kv_len, k_begin + chunk), ctx_max);
+
+  // Q tile: rows beyond the problem are zeros.
+  constexpr int kChunksPerRow = D / 8;
+  for (int c = tid; c < kBlockM * kChunksPerRow; c += kMmaThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const int row = row0 + r;
+    const bool ok = row < m_rows;
+    const int tok = q_begin + (ok ? row / group : 0);
+    const int head = g * group + (ok ? row % group : 0);
+    cp_async16(s_q + r * kStride + col,
+               p.q + (static_cast<int64_t>(tok) * p.n_heads + head) * D + col, ok ? 16 : 0);
+  }
+  auto load_kv = [&](uint16_t* dst, const uint16_t* cache, int n0) {
+    for (int c = tid; c < kBlockN * kChunksPerRow; c += kMmaThreads) {
+      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const int pos = n0 + r;
+      int32_t blk = pos < k_end ? table[pos / p.block_size] : -1;
+      const bool ok = blk >= 0 && blk < p.num_blocks;
+      const int64_t slot = ok ? static_cast<int64_t>(blk) * p.block_size + pos % p.block_size : 0;
+      cp_async16(dst + r * kStride + col, cache + (slot * p.n_kv_heads + g) * D + col, ok ? 16 : 0);
+    }
+  };
+  if (k_begin < k_end) load_kv(s_k, p.k_cache, k_begin);
+  cp_async_commit();
+
+  // Each thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16).
+  int ctx_row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + warp * 16 + lane / 4 + i * 8;
+    ctx_row[i] = row < m_rows ? kv_len - q_len + row / group + 1 : 0;
+  }
+  float o_acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
+  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * kLog2e;
+  uint32_t q_frag[D / 16][4];
+  bool q_loaded = false;
+
+  for (int n0 = k_begin; n0 < k_end; n0 += kBlockN) {
+    cp_async_wait_all();
+    __syncthreads();  // K tile (and Q) visible; every warp is done with the previous V
+    if (!q_loaded) {
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        const int col = kc * 16 + (lane / 16) * 8;
+        ldmatrix_x4(q_frag[kc], s_q + r * kStride + col);
+      }
+      q_loaded = true;
+    }
+    load_kv(s_v, p.v_cache, n0);
+    cp_async_commit();
+
+    // S = Q K^T for this warp's 16 rows x 64 keys: 8 n-tiles of 8 keys.
+    float s[kBlockN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBlockN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t kb[4];
+        const int key = np * 16 + (lane % 8) + (lane / 16) * 8;
+        const int col = kc * 16 + ((lane / 8) % 2) * 8;
+        ldmatrix_x4(kb, s_k + key * kStride + col);
+        mma_bf16(s[2 * np], q_frag[kc], kb[0], kb[1]);
+        mma_bf16(s[2 * np + 1], q_frag[kc], kb[2], kb[3]);
+      }
+    }
+    // Mask (causal end, split end) and the online softmax, in the log2 domain.
+    float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+        const int i = e / 2;
+        const bool ok = key < ctx_row[i] && key < k_end;
+        s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
+        row_max[i] = fmaxf(row_max[i], s[nt][e]);
+      }
+    }
+    float alpha[2], m_use[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
+      row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
+      const float m_new = fmaxf(m_i[i], row_max[i]);
+      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[i] = exp2f(m_i[i] - m_use[i]);
+      m_i[i] = m_new;
+      l_i[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kBlockN / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);
+        l_i[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      o_acc[dt][0] *= alpha[0];
+      o_acc[dt][1] *= alpha[0];
+      o_acc[dt][2] *= alpha[1];
+      o_acc[dt][3] *= alpha[1];
+    }
+
+    cp_async_wait_all();
+    __syncthreads();  // V tile visible; every warp is done with K
+    if (n0 + kBlockN < k_end) load_kv(s_k, p.k_cache, n0 + kBlockN);
+    cp_async_commit();
+
+    // O += P V: P's accumulator layout is the A operand of the next mma.
+#pragma unroll
+    for (int kc = 0; kc < kBlockN / 16; ++kc) {
+      uint32_t a[4];
+      a[0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+      a[1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+      a[2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      a[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        const int key = kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+        const int col = dp * 16 + (lane / 16) * 8;
+        ldmatrix_x4_trans(vb, s_v + key * kStride + col);
+        mma_bf16(o_acc[2 * dp], a, vb[0], vb[1]);
+        mma_bf16(o_acc[2 * dp + 1], a, vb[2], vb[3]);
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  // Row sums over the 4 lanes of a row, then the write.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_i[i] += __shfl_xor_sync(0xffffffffu, l_i[i], 1);
+    l_i[i] += __shfl_xor_sync(0xffffffffu, l_i[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = row0 + warp * 16 + lane / 4 + i * 8;
+    if (row >= m_rows) continue;
+    const int64_t tok = q_begin + row / group;
+    const int64_t head = g * group + row % group;
+    const float inv = l_i[i] > 0.0f ? 1.0f / l_i[i] : 0.0f;
+    if (n_splits == 1) {
+      uint16_t* op = p.out + (tok * p.n_heads + head) * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int col = dt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<uint32_t*>(op + col) =
+            pack_bf16(o_acc[dt][2 * i] * inv, o_acc[dt][2 * i + 1] * inv);
+      }
+    } else {
+      const int64_t idx = (static_cast<int64_t>(split) * p.n_tokens + tok) * p.n_heads + head;
+      float* op = o_part + idx * D;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const int col = dt * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(op + col) =
+            make_float2(o_acc[dt][2 * i] * inv, o_acc[dt][2 * i + 1] * inv);
+      }
+      if (lane % 4 == 0) lse_part[idx] = l_i[i] > 0.0f ? m_i[i] + log2f(l_i[i]) : -INFINITY;
+    }
+  }
+}
+
+// Merges the splits of each (token, head): every split wrote its partial
+// (an empty one: zeros with lse -inf). grid (T * n_heads), block D threads.
+__global__ void attention_combine_kernel(AttentionParams p, int n_splits, const float* o_part,
+                                         const float* lse_part) {
+  const int64_t th = blockIdx.x;
+  const int d = static_cast<int>(p.head_dim);
+  const int64_t stride = p.n_tokens * p.n_heads;  // between splits
+  float m = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, lse_part[s * stride + th]);
+  for (int dim = threadIdx.x; dim < d; dim += blockDim.x) {
+    float o = 0.0f, denom = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float lse = lse_part[s * stride + th];
+      const float w = lse == -INFINITY ? 0.0f : exp2f(lse - m);
+      o += w * o_part[(s * stride + th) * d + dim];
+      denom += w;
+    }
+    p.out[th * d + dim] = __bfloat16_as_ushort(__float2bfloat16(denom > 0.0f ? o / denom : 0.0f));
+  }
+}
+
+template <int D>
+void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
+                cudaStream_t s) {
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kBlockM - 1) / kBlockM;
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.n_seqs * p.n_kv_heads),
+                  static_cast<unsigned>(n_splits));
+  const size_t smem = static_cast<size_t>(kBlockM + 2 * kBlockN) * (D + 8) * sizeof(uint16_t);
+  static bool configured = false;  // one stream, one thread drives the device
+  if (!configured) {
+    cudaFuncSetAttribute(attention_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
+    configured = true;
+  }
+  attention_mma_kernel<D><<<grid, kMmaThreads, smem, s>>>(p, n_splits, o_part, lse_part);
+}
+
+// Splits over the context when the (tile, sequence, K/V head) grid would leave
+// most multiprocessors idle; each split keeps at least two key tiles.
+int choose_splits(const AttentionParams& p, int n_sms) {
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kBlockM - 1) / kBlockM;
+  const int64_t base = m_tiles * p.n_seqs * p.n_kv_heads;
+  if (base >= n_sms || p.n_tokens > 512) return 1;
+  int64_t splits = (2 * n_sms + base - 1) / base;
+  const int64_t by_len = (p.max_kv_len + 2 * kBlockN - 1) / (2 * kBlockN);
+  if (splits > by_len) splits = by_len;
+  if (splits > 32) splits = 32;
+  return splits < 1 ? 1 : static_cast<int>(splits);
+}
+
+}  // namespace
+
+void attention_generic(const AttentionParams& p, cudaStream_t s) {
+  if (p.n_tokens == 0) return;
+  const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(p.n_tokens));
+  attention_generic_kernel<<<grid, kGenericWarps * 32, 0, s>>>(p);
+}
+
+bool attention_mma_supported(const AttentionParams& p) {
+  return (p.head_dim == 64 || p.head_dim == 128) && p.max_q_len > 0;
+}
+
+size_t attention_workspace_bytes(const AttentionParams& p, int n_sms) {
+  const int splits = choose_splits(p, n_sms);
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(splits) * p.n_tokens * p.n_heads * (p.head_dim + 1) * sizeof(float);
+}
+
+void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s) {
+  if (p.n_tokens == 0) return;
+  const int splits = workspace ? choose_splits(p, n_sms) : 1;
+  float* o_part = static_cast<float*>(workspace);
+  float* lse_part =
+      splits > 1 ? o_part + static_cast<int64_t>(splits) * p.n_tokens * p.n_heads * p.head_dim
+                 : nullptr;
+  if (p.head_dim == 64) {
+    launch_mma<64>(p, splits, o_part, lse_part, s);
+  } else {
+    launch_mma<128>(p, splits, o_part, lse_part, s);
+  }
+  if (splits > 1) {
+    attention_combine_kernel<<<static_cast<unsigned>(p.n_tokens * p.n_heads),
+                               static_cast<unsigned>(p.head_dim), 0, s>>>(p, splits, o_part,
+                                                                          lse_part);
+  }
+}
+
+}  // namespace kestrel::cuda::kernels

@@ -1,0 +1,29 @@
+// Host-side helpers shared by the CUDA backend's .cpp files: the one stream all
+// of kestrel's device work runs on, and CUDA_CHECK / CUBLAS_CHECK, which throw
+// kestrel::Error naming the call, file and line. Not for .cu files.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+
+namespace kestrel::cuda {
+
+// kestrel's stream (created at first use, non-blocking w.r.t. the legacy stream).
+cudaStream_t stream();
+// Throws when no device is usable; called before the first allocation or launch.
+void ensure_device();
+
+}  // namespace kestrel::cuda
+
+#define CUDA_CHECK(call)                                                                        \
+  do {                                                                                          \
+    const cudaError_t kestrel_err_ = (call);                                                    \
+    if (kestrel_err_ != cudaSuccess) [[unlikely]]                                               \
+      throw ::kestrel::Error(                                                                   \
+          ::kestrel::detail::concat(#call, " failed: ", cudaGetErrorString(kestrel_err_), " (", \
+                                    __FILE__, ":", __LINE__, ")"));                             \
+  } while (0)
+
+// After a launch: a bad configuration shows up here, a fault at the next sync.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())

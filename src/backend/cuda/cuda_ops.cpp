@@ -1,0 +1,176 @@
+// The Tensor-level CUDA ops: ops.cpp has checked shapes; here the dtypes the
+// kernels need are checked and the raw pointers handed to kernels.h.
+#include <cstdlib>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/kernels.h"
+
+namespace kestrel::cuda {
+namespace {
+
+void need(const char* op, const char* what, const Tensor& t, DType dtype) {
+  KESTREL_CHECK(t.defined() && t.device() == Device::kCuda, op, " (cuda): ", what,
+                " must be a CUDA tensor");
+  KESTREL_CHECK(t.dtype() == dtype, op, " (cuda): ", what, " has dtype ", dtype_name(t.dtype()),
+                ", expected ", dtype_name(dtype));
+}
+
+const uint16_t* bf(const Tensor& t) {
+  return t.data<uint16_t>();
+}
+uint16_t* bf_mut(Tensor& t) {
+  return t.data<uint16_t>();
+}
+
+int g_attention_kernel = -1;  // -1: not read from the environment yet
+
+int attention_kernel() {
+  if (g_attention_kernel < 0) {
+    const char* env = std::getenv("KESTREL_ATTN_KERNEL");
+    g_attention_kernel = env ? std::atoi(env) : 0;
+  }
+  return g_attention_kernel;
+}
+
+int sm_count() {
+  static int n = [] {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+  }();
+  return n;
+}
+
+}  // namespace
+
+void set_attention_kernel(int which) {
+  g_attention_kernel = which;
+}
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  need("embedding", "ids", ids, DType::kI32);
+  need("embedding", "table", table, DType::kBF16);
+  need("embedding", "out", out, DType::kBF16);
+  kernels::embedding(ids.data<int32_t>(), bf(table), ids.dim(0), table.dim(0), table.dim(1),
+                     bf_mut(out), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) {
+  need("layer_norm", "x", x, DType::kBF16);
+  need("layer_norm", "weight", weight, DType::kBF16);
+  need("layer_norm", "bias", bias, DType::kBF16);
+  need("layer_norm", "out", out, DType::kBF16);
+  kernels::layer_norm(bf(x), bf(weight), bf(bias), x.dim(0), x.dim(1), eps, bf_mut(out), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void gelu(Tensor& x) {
+  need("gelu", "x", x, DType::kBF16);
+  kernels::gelu(bf_mut(x), x.numel(), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
+  need("add", "a", a, DType::kBF16);
+  need("add", "b", b, DType::kBF16);
+  if (c.defined()) need("add", "c", c, DType::kBF16);
+  need("add", "out", out, DType::kBF16);
+  kernels::add(bf(a), bf(b), c.defined() ? bf(c) : nullptr, bf_mut(out), a.numel(), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
+  need("gather_rows", "indices", indices, DType::kI32);
+  need("gather_rows", "x", x, x.dtype());
+  const int64_t row_bytes = x.dim(1) * static_cast<int64_t>(dtype_size(x.dtype()));
+  kernels::gather_rows(x.raw(), indices.data<int32_t>(), indices.dim(0), x.dim(0), row_bytes,
+                       out.raw(), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void argmax_rows(const Tensor& logits, Tensor& out) {
+  need("argmax_rows", "logits", logits, DType::kF32);
+  need("argmax_rows", "out", out, DType::kI32);
+  kernels::argmax_rows(logits.data<float>(), logits.dim(0), logits.dim(1), out.data<int32_t>(),
+                       stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
+                Tensor& v) {
+  need("qkv_rotary", "qkv", qkv, DType::kBF16);
+  need("qkv_rotary", "cos", cos, DType::kF32);
+  need("qkv_rotary", "sin", sin, DType::kF32);
+  need("qkv_rotary", "q", q, DType::kBF16);
+  need("qkv_rotary", "k", k, DType::kBF16);
+  need("qkv_rotary", "v", v, DType::kBF16);
+  kernels::qkv_rotary(bf(qkv), cos.data<float>(), sin.data<float>(), q.dim(0), q.dim(1), k.dim(1),
+                      q.dim(2), bf_mut(q), bf_mut(k), bf_mut(v), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+              Tensor& v_cache) {
+  need("kv_write", "k", k, DType::kBF16);
+  need("kv_write", "v", v, DType::kBF16);
+  need("kv_write", "slots", slots, DType::kI64);
+  need("kv_write", "k_cache", k_cache, DType::kBF16);
+  need("kv_write", "v_cache", v_cache, DType::kBF16);
+  kernels::kv_write(bf(k), bf(v), slots.data<int64_t>(), k.dim(0), k.dim(1) * k.dim(2),
+                    k_cache.dim(0) * k_cache.dim(1), bf_mut(k_cache), bf_mut(v_cache), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len) {
+  need("paged_attention", "q", q, DType::kBF16);
+  need("paged_attention", "k_cache", k_cache, DType::kBF16);
+  need("paged_attention", "v_cache", v_cache, DType::kBF16);
+  need("paged_attention", "block_tables", block_tables, DType::kI32);
+  need("paged_attention", "cu_q", cu_q, DType::kI32);
+  need("paged_attention", "kv_lens", kv_lens, DType::kI32);
+  need("paged_attention", "out", out, DType::kBF16);
+  kernels::AttentionParams p;
+  p.q = bf(q);
+  p.k_cache = bf(k_cache);
+  p.v_cache = bf(v_cache);
+  p.block_tables = block_tables.data<int32_t>();
+  p.cu_q = cu_q.data<int32_t>();
+  p.kv_lens = kv_lens.data<int32_t>();
+  p.out = bf_mut(out);
+  p.n_tokens = q.dim(0);
+  p.n_seqs = kv_lens.dim(0);
+  p.n_heads = q.dim(1);
+  p.head_dim = q.dim(2);
+  p.num_blocks = k_cache.dim(0);
+  p.block_size = k_cache.dim(1);
+  p.n_kv_heads = k_cache.dim(2);
+  p.max_blocks = block_tables.dim(1);
+  p.max_kv_len = max_kv_len;
+  p.max_q_len = max_q_len > 0 ? max_q_len : static_cast<int32_t>(q.dim(0));
+  p.scale = scale;
+  if (p.n_tokens == 0 || p.n_seqs == 0) return;
+  const int which = attention_kernel();
+  if (which != 1 && kernels::attention_mma_supported(p)) {
+    const int sms = sm_count();
+    const size_t ws_bytes = kernels::attention_workspace_bytes(p, sms);
+    Tensor ws;
+    if (ws_bytes > 0)
+      ws = Tensor::empty(DType::kU8, {static_cast<int64_t>(ws_bytes)}, Device::kCuda);
+    kernels::attention_mma(p, ws_bytes > 0 ? ws.raw() : nullptr, sms, stream());
+  } else {
+    KESTREL_CHECK(which != 2,
+                  "paged_attention (cuda): the tensor-core kernel needs head_dim 64 "
+                  "or 128, got ",
+                  p.head_dim);
+    KESTREL_CHECK(p.head_dim <= 256, "paged_attention (cuda): head_dim ", p.head_dim, " above 256");
+    kernels::attention_generic(p, stream());
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kestrel::cuda

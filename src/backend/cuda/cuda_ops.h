@@ -1,0 +1,59 @@
+// The CUDA implementations of backend/ops.h (bf16 activations and weights, fp32
+// accumulation), plus the device plumbing ops.cpp needs: copies, weight upload,
+// the caching allocator. A plain C++ header: nothing here includes CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace kestrel::cuda {
+
+// Number of visible CUDA devices (0 when there is no driver or no GPU; never throws).
+int device_count();
+// Waits for all work queued on kestrel's stream.
+void synchronize();
+
+// Copies between any two of host and device; shapes must hold the same bytes.
+// Converts BF16 on the device to F32 on the host (or F32 device to BF16 device)
+// when the dtypes differ that way; otherwise dtypes must match.
+void copy(const Tensor& src, Tensor& dst);
+// Host weights (F32/F16/BF16) into a new device tensor of `dtype` (BF16 or F32),
+// converted on the GPU after a copy through a pinned staging buffer.
+Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype);
+
+// Uniform [-amp, amp] (amp 0: `constant`) by the hash of ops::random_uniform.
+Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp, float constant);
+
+// Caching allocator statistics (bytes held from cudaMalloc, bytes handed out).
+struct MemoryStats {
+  size_t reserved = 0;
+  size_t in_use = 0;
+  size_t peak_in_use = 0;
+};
+MemoryStats memory_stats();
+// Returns cached free blocks to the driver.
+void empty_cache();
+
+void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out);
+void gelu(Tensor& x);
+void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
+void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
+                Tensor& v);
+void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+              Tensor& v_cache);
+void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len);
+void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
+void argmax_rows(const Tensor& logits, Tensor& out);
+
+// Which attention kernel paged_attention uses: 0 automatic, 1 the generic
+// per-(token, head) kernel, 2 the tensor-core kernel (head_dim 64 / 128).
+// For tests and benchmarks; also read from KESTREL_ATTN_KERNEL at first use.
+void set_attention_kernel(int which);
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,124 @@
+// linear on CUDA: out [T, n_out] = x [T, in] @ weight [n_out, in]^T (+ bias)
+// through cuBLASLt, bf16 operands, fp32 accumulation, the bias in the
+// epilogue, out in bf16 or f32. One plan (descriptors + the heuristic's best
+// algorithm) per shape, made at first use and cached, with a 32 MiB workspace.
+#include <map>
+#include <tuple>
+
+#include <cublasLt.h>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+
+#define CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                      \
+    const cublasStatus_t kestrel_st_ = (call);                                              \
+    if (kestrel_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                  \
+      throw ::kestrel::Error(::kestrel::detail::concat(#call, " failed: status ",           \
+                                                       static_cast<int>(kestrel_st_), " (", \
+                                                       __FILE__, ":", __LINE__, ")"));      \
+  } while (0)
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// (n_out, n_tokens, n_in, has bias, f32 out)
+using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
+
+struct Gemm {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<PlanKey, Plan> plans;
+};
+
+Gemm& gemm() {
+  static Gemm* g = [] {
+    auto* st = new Gemm();
+    ensure_device();
+    CUBLAS_CHECK(cublasLtCreate(&st->handle));
+    st->workspace = Tensor::empty(DType::kU8, {static_cast<int64_t>(kWorkspaceBytes)},
+                                  Device::kCuda)
+                        .raw();  // the allocator keeps it: leaked on purpose
+    return st;
+  }();
+  return *g;
+}
+
+// Column-major view of the row-major problem: out^T [n_out, T] =
+// W (stored [n_out, in], i.e. column-major [in, n_out], transposed) x X^T
+// (row-major [T, in] is column-major [in, T]).
+Plan& plan_for(const PlanKey& key) {
+  Gemm& g = gemm();
+  auto it = g.plans.find(key);
+  if (it != g.plans.end()) return it->second;
+  const auto [m, n, k, has_bias, f32_out] = key;
+  Plan p;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  if (has_bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                &bias_type, sizeof(bias_type)));
+  }
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, k, m, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, k, n, k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, f32_out ? CUDA_R_32F : CUDA_R_16BF, m, n, m));
+
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kWorkspaceBytes;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  CUBLAS_CHECK(
+      cublasLtMatmulAlgoGetHeuristic(g.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  cublasLtMatmulPreferenceDestroy(pref);
+  KESTREL_CHECK(found > 0, "linear: cuBLASLt has no algorithm for [", n, ", ", k, "] x [", m, ", ",
+                k, "]^T");
+  p.algo = result.algo;
+  return g.plans.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
+  KESTREL_CHECK(weight.dtype() == DType::kBF16 && x.dtype() == DType::kBF16,
+                "linear (cuda): x and weight must be BF16, got ", dtype_name(x.dtype()), " and ",
+                dtype_name(weight.dtype()));
+  KESTREL_CHECK(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32,
+                "linear (cuda): out must be BF16 or F32");
+  KESTREL_CHECK(!bias.defined() || bias.dtype() == DType::kBF16,
+                "linear (cuda): bias must be BF16");
+  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
+  if (n_tokens == 0 || n_out == 0) return;
+  const PlanKey key{n_out, n_tokens, n_in, bias.defined(), out.dtype() == DType::kF32};
+  Plan& p = plan_for(key);
+  if (bias.defined()) {
+    const void* bp = bias.raw();
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  Gemm& g = gemm();
+  CUBLAS_CHECK(cublasLtMatmul(g.handle, p.op, &alpha, weight.raw(), p.a, x.raw(), p.b, &beta,
+                              out.raw(), p.c, out.raw(), p.c, &p.algo, g.workspace, kWorkspaceBytes,
+                              stream()));
+}
+
+}  // namespace kestrel::cuda

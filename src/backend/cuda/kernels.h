@@ -1,0 +1,75 @@
+// Launchers of the CUDA backend's kernels: raw pointers, sizes and a stream,
+// no framework types (FlashInfer's habit). bf16 buffers are passed as
+// uint16_t* (bit patterns), so that this header stays plain C++.
+// Each returns after queueing; errors of the launch are checked by the caller.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace kestrel::cuda::kernels {
+
+// --- conversions -----------------------------------------------------------
+// dst[i] = bf16(src[i]); src_kind 0: f32, 1: f16, 2: bf16.
+void to_bf16(const void* src, int src_kind, uint16_t* dst, int64_t n, cudaStream_t s);
+void bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t s);
+void f16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t s);
+
+// dst [n] (bf16 when bf16_out, else f32) = amp * (2 u - 1) with u = hash(seed, i), or constant.
+void random_uniform(void* dst, bool bf16_out, int64_t n, uint64_t seed, float amp, float constant,
+                    cudaStream_t s);
+
+// --- elementwise and row ops -----------------------------------------------
+// out [T, hidden] = table [vocab, hidden] rows ids [T]; an id outside [0, vocab) gives zeros.
+void embedding(const int32_t* ids, const uint16_t* table, int64_t n_tokens, int64_t vocab,
+               int64_t hidden, uint16_t* out, cudaStream_t s);
+// out [T, hidden] = LayerNorm(x [T, hidden]) * w + b, fp32 statistics.
+void layer_norm(const uint16_t* x, const uint16_t* w, const uint16_t* b, int64_t n_tokens,
+                int64_t hidden, float eps, uint16_t* out, cudaStream_t s);
+void gelu(uint16_t* x, int64_t n, cudaStream_t s);
+// out = a + b (+ c when not null), summed in fp32, rounded once.
+void add(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out, int64_t n,
+         cudaStream_t s);
+// out [n, row_bytes] = x rows idx [n]; an index outside [0, n_rows) gives zeros.
+void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, int64_t row_bytes,
+                 void* out, cudaStream_t s);
+// out [n] = argmax of each row of logits [n, vocab] F32 (first on ties).
+void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cudaStream_t s);
+
+// qkv [T, n_kv_heads * (group + 2) * d] -> q [T, n_heads, d] and k [T, n_kv_heads, d]
+// rotated (NeoX), v [T, n_kv_heads, d]; cos, sin [T, d / 2] F32.
+void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,
+                int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, uint16_t* q, uint16_t* k,
+                uint16_t* v, cudaStream_t s);
+// Caches [n_slots, row]; k, v [T, row]; slots [T]. A slot outside [0, n_slots) is skipped.
+void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
+              int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s);
+
+// --- attention ---------------------------------------------------------------
+struct AttentionParams {
+  const uint16_t* q;            // [T, n_heads, d]
+  const uint16_t* k_cache;      // [num_blocks, block_size, n_kv_heads, d]
+  const uint16_t* v_cache;      // [num_blocks, block_size, n_kv_heads, d]
+  const int32_t* block_tables;  // [n_seqs, max_blocks]
+  const int32_t* cu_q;          // [n_seqs + 1]
+  const int32_t* kv_lens;       // [n_seqs]
+  uint16_t* out;                // [T, n_heads, d]
+  int64_t n_tokens = 0, n_seqs = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0, max_blocks = 0;
+  int32_t max_kv_len = 0;
+  int32_t max_q_len = 0;  // bound on cu_q[b+1] - cu_q[b] (sizes the grid)
+  float scale = 1.0f;
+};
+// One block per (token, head); any head_dim up to 256. Always correct, slow for long prefill.
+void attention_generic(const AttentionParams& p, cudaStream_t s);
+// Tensor-core (mma.sync bf16) flash attention over the pages: rows are (token,
+// query head of the group) pairs of one sequence and K/V head, so each K/V tile is
+// read once for the whole group. head_dim 64 or 128. Splits the context over
+// blocks (flash-decoding) when the grid would be small; scratch is then needed:
+// workspace of attention_workspace_bytes(p) bytes.
+bool attention_mma_supported(const AttentionParams& p);
+size_t attention_workspace_bytes(const AttentionParams& p, int n_sms);
+void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s);
+
+}  // namespace kestrel::cuda::kernels

@@ -1,0 +1,284 @@
+// The CUDA backend's plumbing: kestrel's stream, a caching device allocator
+// (registered for Device::kCuda at start-up; the model allocates temporaries
+// every forward, and cudaMalloc / cudaFree would synchronise each time), host
+// <-> device copies with dtype conversion, and weight upload through pinned
+// staging buffers.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/cuda_common.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/kernels.h"
+#include "core/logging.h"
+
+namespace kestrel::cuda {
+namespace {
+
+// Sizes round up to 512 bytes below 1 MiB and to 2 MiB above, and a freed
+// block waits in a free list of its rounded size. All work runs on one
+// stream, so a block freed by the host can be handed out again at once: the
+// stream orders its next use after the last.
+class CachingAllocator {
+ public:
+  void* alloc(size_t nbytes) {
+    const size_t size = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    void* p = nullptr;
+    if (it != free_.end() && !it->second.empty()) {
+      p = it->second.back();
+      it->second.pop_back();
+    } else {
+      ensure_device();
+      cudaError_t err = cudaMalloc(&p, size);
+      if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        release_free_locked();
+        err = cudaMalloc(&p, size);
+      }
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        KESTREL_FAIL("CUDA out of memory allocating ", size, " bytes (", free_b >> 20,
+                     " MiB free of ", total_b >> 20, " MiB; kestrel holds ", stats_.reserved >> 20,
+                     " MiB): ", cudaGetErrorString(err));
+      }
+      stats_.reserved += size;
+    }
+    sizes_[p] = size;
+    stats_.in_use += size;
+    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    return p;
+  }
+
+  void free(void* p) {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return;  // not ours: never happens, never crash over it
+    stats_.in_use -= it->second;
+    free_[it->second].push_back(p);
+    sizes_.erase(it);
+  }
+
+  void release_free() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_free_locked();
+  }
+
+  MemoryStats stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  static size_t round_size(size_t n) {
+    constexpr size_t kSmall = 512, kLarge = size_t{2} << 20;
+    n = std::max<size_t>(n, 1);
+    return n < (size_t{1} << 20) ? (n + kSmall - 1) / kSmall * kSmall
+                                 : (n + kLarge - 1) / kLarge * kLarge;
+  }
+  void release_free_locked() {
+    cudaStreamSynchronize(stream());
+    for (auto& [size, ptrs] : free_) {
+      for (void* p : ptrs) {
+        cudaFree(p);
+        stats_.reserved -= size;
+      }
+      ptrs.clear();
+    }
+  }
+
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::unordered_map<void*, size_t> sizes_;
+  MemoryStats stats_;
+};
+
+// Never destroyed: tensors held by static objects may be freed after main returns.
+CachingAllocator& allocator() {
+  static CachingAllocator* a = new CachingAllocator();
+  return *a;
+}
+
+void* device_alloc(size_t nbytes) {
+  return allocator().alloc(nbytes);
+}
+void device_free(void* p) {
+  allocator().free(p);
+}
+
+// Registration only stores two function pointers: no CUDA call at start-up.
+const bool g_registered = [] {
+  register_device_allocator(Device::kCuda, DeviceAllocator{&device_alloc, &device_free});
+  return true;
+}();
+
+// Pinned staging for uploads: two buffers, so that filling one overlaps the
+// copy of the other.
+constexpr size_t kStagingBytes = size_t{32} << 20;
+struct Staging {
+  void* host[2] = {nullptr, nullptr};
+  void* device[2] = {nullptr, nullptr};
+  cudaEvent_t done[2] = {nullptr, nullptr};
+};
+Staging& staging() {
+  static Staging* s = [] {
+    auto* st = new Staging();
+    for (int i = 0; i < 2; ++i) {
+      CUDA_CHECK(cudaMallocHost(&st->host[i], kStagingBytes));
+      st->device[i] = device_alloc(kStagingBytes);
+      CUDA_CHECK(cudaEventCreateWithFlags(&st->done[i], cudaEventDisableTiming));
+    }
+    return st;
+  }();
+  return *s;
+}
+
+int kind_of(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kBF16:
+      return 2;
+    default:
+      KESTREL_FAIL("upload: unsupported weight dtype ", dtype_name(d));
+  }
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void ensure_device() {
+  static const bool ok = [] {
+    KESTREL_CHECK(g_registered, "CUDA allocator not registered");
+    KESTREL_CHECK(device_count() > 0, "no CUDA device is visible (driver missing or no GPU)");
+    return true;
+  }();
+  (void)ok;
+}
+
+cudaStream_t stream() {
+  static cudaStream_t s = [] {
+    ensure_device();
+    cudaStream_t st;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    return st;
+  }();
+  return s;
+}
+
+void synchronize() {
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+MemoryStats memory_stats() {
+  return allocator().stats();
+}
+void empty_cache() {
+  allocator().release_free();
+}
+
+void copy(const Tensor& src, Tensor& dst) {
+  cudaStream_t s = stream();
+  const bool src_dev = src.device() == Device::kCuda, dst_dev = dst.device() == Device::kCuda;
+  if (src.dtype() == dst.dtype()) {
+    KESTREL_CHECK(src.nbytes() == dst.nbytes(), "copy: ", shape_str(src.shape()), " into ",
+                  shape_str(dst.shape()));
+    if (src.nbytes() == 0) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, s));
+    if (!dst_dev) CUDA_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  KESTREL_CHECK(src.numel() == dst.numel(), "copy: ", shape_str(src.shape()), " into ",
+                shape_str(dst.shape()));
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32 && src_dev) {
+    Tensor tmp = dst_dev ? dst : Tensor::empty(DType::kF32, dst.shape(), Device::kCuda);
+    kernels::bf16_to_f32(src.data<uint16_t>(), tmp.data<float>(), n, s);
+    CUDA_CHECK_LAUNCH();
+    if (!dst_dev) {
+      CUDA_CHECK(cudaMemcpyAsync(dst.raw(), tmp.raw(), dst.nbytes(), cudaMemcpyDeviceToHost, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+    return;
+  }
+  if (dst.dtype() == DType::kBF16 && dst_dev &&
+      (src.dtype() == DType::kF32 || src.dtype() == DType::kF16)) {
+    Tensor tmp = src_dev ? src : Tensor::empty(src.dtype(), src.shape(), Device::kCuda);
+    if (!src_dev)
+      CUDA_CHECK(cudaMemcpyAsync(tmp.raw(), src.raw(), src.nbytes(), cudaMemcpyHostToDevice, s));
+    kernels::to_bf16(tmp.raw(), kind_of(src.dtype()), dst.data<uint16_t>(), n, s);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  KESTREL_FAIL("copy: no conversion from ", dtype_name(src.dtype()), " on ",
+               src_dev ? "cuda" : "cpu", " to ", dtype_name(dst.dtype()), " on ",
+               dst_dev ? "cuda" : "cpu");
+}
+
+Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp, float constant) {
+  Tensor out = Tensor::empty(dtype, shape, Device::kCuda);
+  kernels::random_uniform(out.raw(), dtype == DType::kBF16, out.numel(), seed, amp, constant,
+                          stream());
+  CUDA_CHECK_LAUNCH();
+  return out;
+}
+
+Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype) {
+  KESTREL_CHECK(dtype == DType::kBF16 || dtype == DType::kF32,
+                "upload_weight: the CUDA backend keeps weights in BF16 or F32, not ",
+                dtype_name(dtype));
+  const int src_kind = kind_of(src_dtype);
+  Tensor out = Tensor::empty(dtype, shape, Device::kCuda);
+  const int64_t n = out.numel();
+  const size_t esize = dtype_size(src_dtype);
+  const int64_t per_chunk = static_cast<int64_t>(kStagingBytes / esize);
+  cudaStream_t s = stream();
+  Staging& st = staging();
+  const char* src = static_cast<const char*>(data);
+  for (int64_t i0 = 0, c = 0; i0 < n; i0 += per_chunk, ++c) {
+    const int64_t cnt = std::min(per_chunk, n - i0);
+    const int buf = static_cast<int>(c % 2);
+    CUDA_CHECK(cudaEventSynchronize(st.done[buf]));  // the last copy out of this buffer ended
+    std::memcpy(st.host[buf], src + i0 * esize, static_cast<size_t>(cnt) * esize);
+    if (src_dtype == dtype) {
+      CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(out.raw()) + i0 * esize, st.host[buf],
+                                 static_cast<size_t>(cnt) * esize, cudaMemcpyHostToDevice, s));
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(st.device[buf], st.host[buf], static_cast<size_t>(cnt) * esize,
+                                 cudaMemcpyHostToDevice, s));
+      if (dtype == DType::kBF16) {
+        kernels::to_bf16(st.device[buf], src_kind, out.data<uint16_t>() + i0, cnt, s);
+      } else if (src_dtype == DType::kBF16) {
+        kernels::bf16_to_f32(static_cast<const uint16_t*>(st.device[buf]), out.data<float>() + i0,
+                             cnt, s);
+      } else {
+        kernels::f16_to_f32(static_cast<const uint16_t*>(st.device[buf]), out.data<float>() + i0,
+                            cnt, s);
+      }
+      CUDA_CHECK_LAUNCH();
+    }
+    CUDA_CHECK(cudaEventRecord(st.done[buf], s));
+  }
+  return out;
+}
+
+}  // namespace kestrel::cuda

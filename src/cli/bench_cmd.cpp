@@ -1,0 +1,334 @@
+// `kestrel bench`: prefill and decode throughput of the model on one device,
+// with a preset's random weights drawn on the device (no files) or a model
+// folder. Decode tok/s counts generated tokens over the decode steps' time
+// only (llama.cpp batched-bench's S_TG); first-token time is one request's
+// prompt step plus its first sampled token. --json prints only the JSON.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/ops.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "model/falcon_model.h"
+#ifdef KESTREL_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+
+namespace kestrel::cli {
+namespace {
+
+constexpr double kPeakBandwidth = 4.3e12;  // H200, measured device copy (bytes/s)
+constexpr double kPeakFlops = 790e12;      // H200, bf16 GEMM on random data
+
+struct BenchArgs {
+  std::string device = "cuda";
+  std::string model_dir;
+  std::string preset;
+  int64_t layers = 0;
+  std::string prefill = "1x2048,8x512,32x512";
+  std::string decode = "1x128x128,32x128x128,128x128x128";
+  int64_t first_token_prompt = 128;
+  int64_t iters = 5;
+  int64_t block_size = 16;
+  bool json = false;
+};
+
+FalconConfig preset_config(const std::string& name) {
+  FalconConfig c;
+  c.vocab_size = 65024;
+  c.max_position_embeddings = 2048;
+  if (name == "falcon-7b") {
+    c.hidden_size = 4544, c.n_layers = 32, c.n_heads = 71, c.n_kv_heads = 1;
+    c.multi_query = true;
+  } else if (name == "falcon-40b") {
+    c.hidden_size = 8192, c.n_layers = 60, c.n_heads = 128, c.n_kv_heads = 8;
+    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 2;
+  } else if (name == "falcon2-11b") {
+    c.hidden_size = 4096, c.n_layers = 60, c.n_heads = 32, c.n_kv_heads = 8;
+    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 1;
+    c.rope_theta = 500042.0, c.max_position_embeddings = 8192;
+  } else if (name == "tiny") {
+    c.vocab_size = 1024, c.hidden_size = 256, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 1;
+    c.multi_query = true;
+  } else {
+    KESTREL_FAIL("unknown preset \"", name, "\" (falcon-7b, falcon-40b, falcon2-11b or tiny)");
+  }
+  c.ffn_hidden_size = 4 * c.hidden_size;
+  return FalconConfig::from_json(c.to_json(), "bench preset " + name);
+}
+
+// "1x2048,8x512" -> {{1, 2048}, {8, 512}} (each item `parts` numbers).
+std::vector<std::vector<int64_t>> parse_shapes(const std::string& s, size_t parts,
+                                               const char* what) {
+  std::vector<std::vector<int64_t>> out;
+  std::stringstream items(s);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
+    std::vector<int64_t> v;
+    std::stringstream nums(item);
+    std::string n;
+    while (std::getline(nums, n, 'x')) {
+      try {
+        v.push_back(std::stoll(n));
+      } catch (const std::exception&) {
+        KESTREL_FAIL(what, ": \"", item, "\" is not a list of numbers separated by x");
+      }
+    }
+    KESTREL_CHECK(
+        v.size() == parts && std::all_of(v.begin(), v.end(), [](int64_t x) { return x > 0; }), what,
+        ": \"", item, "\" needs ", parts, " positive numbers");
+    out.push_back(v);
+  }
+  return out;
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// n_seqs sequences in a fresh cache, each owning ceil(cap / block_size)
+// consecutive blocks; batches of their next tokens.
+class Workload {
+ public:
+  Workload(const FalconModel& model, int64_t n_seqs, int64_t cap, int64_t block_size)
+      : model_(model),
+        bs_(block_size),
+        blocks_per_seq_((cap + block_size - 1) / block_size),
+        cache_(model.make_kv_cache(n_seqs * blocks_per_seq_, block_size)),
+        lens_(n_seqs, 0) {}
+
+  // Every sequence appends n tokens (random ids, or `ids` [n_seqs] when n is 1).
+  ForwardBatch batch(int64_t n, const std::vector<int32_t>* ids, std::mt19937& rng) {
+    ForwardBatch b;
+    const int64_t n_seqs = static_cast<int64_t>(lens_.size());
+    b.max_blocks = static_cast<int32_t>(blocks_per_seq_);
+    b.cu_seqlens.push_back(0);
+    const int32_t vocab = static_cast<int32_t>(model_.config().vocab_size);
+    for (int64_t s = 0; s < n_seqs; ++s) {
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t pos = lens_[s] + j;
+        b.input_ids.push_back(ids ? (*ids)[s] : static_cast<int32_t>(rng() % vocab));
+        b.positions.push_back(static_cast<int32_t>(pos));
+        b.slots.push_back((s * blocks_per_seq_ + pos / bs_) * bs_ + pos % bs_);
+      }
+      b.cu_seqlens.push_back(static_cast<int32_t>(b.input_ids.size()));
+      b.kv_lens.push_back(static_cast<int32_t>(lens_[s] + n));
+      b.lm_head_indices.push_back(static_cast<int32_t>(b.input_ids.size() - 1));
+      for (int64_t i = 0; i < blocks_per_seq_; ++i)
+        b.block_tables.push_back(static_cast<int32_t>(s * blocks_per_seq_ + i));
+    }
+    for (auto& l : lens_) l += n;
+    return b;
+  }
+  void reset() { std::fill(lens_.begin(), lens_.end(), 0); }
+  KvCache& cache() { return cache_; }
+
+ private:
+  const FalconModel& model_;
+  int64_t bs_, blocks_per_seq_;
+  KvCache cache_;
+  std::vector<int64_t> lens_;
+};
+
+// Greedy next tokens of logits [n, vocab] on the model's device, as host ids.
+std::vector<int32_t> sample(const Tensor& logits) {
+  const int64_t n = logits.dim(0);
+  Tensor ids = Tensor::empty(DType::kI32, {n}, logits.device());
+  ops::argmax_rows(logits, ids);
+  std::vector<int32_t> out(n);
+  if (logits.device() == Device::kCpu) {
+    std::copy(ids.data<int32_t>(), ids.data<int32_t>() + n, out.begin());
+  } else {
+    Tensor host = Tensor::borrow(out.data(), DType::kI32, {n});
+    Tensor dev_view = ids;
+#ifdef KESTREL_CUDA
+    cuda::copy(dev_view, host);
+#endif
+  }
+  return out;
+}
+
+struct Costs {
+  double matmul_params = 0;  // per token, excluding the lm_head
+  double lm_head_params = 0;
+  double weight_bytes = 0;
+  double kv_bytes_per_token = 0;   // all layers, K and V
+  double attn_flops_per_pair = 0;  // per (query token, context token), all layers
+};
+
+Costs model_costs(const FalconConfig& c) {
+  Costs k;
+  const double h = static_cast<double>(c.hidden_size);
+  const double per_layer =
+      h * c.qkv_out_dim() + h * c.n_heads * c.head_dim + 2.0 * h * c.ffn_hidden_size;
+  k.matmul_params = per_layer * c.n_layers;
+  k.lm_head_params = h * c.vocab_size;
+  k.weight_bytes = 2.0 * (k.matmul_params + k.lm_head_params);
+  k.kv_bytes_per_token = 2.0 * 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
+  k.attn_flops_per_pair = 4.0 * c.n_heads * c.head_dim * c.n_layers;
+  return k;
+}
+
+void run_bench(const BenchArgs& a) {
+  const Device dev = a.device == "cuda"  ? Device::kCuda
+                     : a.device == "cpu" ? Device::kCpu
+                                         : throw Error("--device must be cuda or cpu");
+  if (dev == Device::kCuda)
+    KESTREL_CHECK(ops::cuda_device_count() > 0, "bench --device cuda: no CUDA device visible");
+  KESTREL_CHECK(a.model_dir.empty() != a.preset.empty(), "give --model DIR or --preset NAME");
+  const double t_load = now_s();
+  FalconModel model = [&] {
+    if (!a.preset.empty()) {
+      FalconConfig c = preset_config(a.preset);
+      if (a.layers > 0) c.n_layers = a.layers;
+      return FalconModel::random(c, dev, 1);
+    }
+    return FalconModel::load(a.model_dir, dev);
+  }();
+  ops::synchronize(dev);
+  const double load_s = now_s() - t_load;
+  const FalconConfig& c = model.config();
+  const Costs costs = model_costs(c);
+  if (!a.json)
+    std::printf("model %s on %s, loaded in %.2f s\n", c.summary().c_str(), a.device.c_str(),
+                load_s);
+
+  std::mt19937 rng(1234);
+  nlohmann::json out;
+  out["prefill"] = nlohmann::json::array();
+  out["decode"] = nlohmann::json::array();
+  const int64_t iters = std::max<int64_t>(1, a.iters);
+
+  for (const auto& shape : parse_shapes(a.prefill, 2, "--prefill")) {
+    const int64_t batch = shape[0], len = shape[1];
+    Workload w(model, batch, len, a.block_size);
+    std::vector<double> times;
+    for (int64_t it = 0; it < iters + 1; ++it) {  // the first run warms up
+      w.reset();
+      ForwardBatch b = w.batch(len, nullptr, rng);
+      ops::synchronize(dev);
+      const double t0 = now_s();
+      Tensor logits = model.forward_device(b, w.cache());
+      ops::synchronize(dev);
+      if (it > 0) times.push_back(now_s() - t0);
+    }
+    const double t = median(times);
+    const double tokens = static_cast<double>(batch * len);
+    const double flops = 2.0 * costs.matmul_params * tokens + 2.0 * costs.lm_head_params * batch +
+                         costs.attn_flops_per_pair * batch * len * (len + 1) / 2.0;
+    out["prefill"].push_back({{"batch", batch},
+                              {"prompt", len},
+                              {"tok_s", tokens / t},
+                              {"ms", t * 1e3},
+                              {"tflops", flops / t / 1e12}});
+    if (!a.json)
+      std::printf("prefill %4lldx%-5lld %10.0f tok/s  %8.2f ms  %6.1f TFLOP/s (%.0f%% of 790)\n",
+                  static_cast<long long>(batch), static_cast<long long>(len), tokens / t, t * 1e3,
+                  flops / t / 1e12, 100.0 * flops / t / kPeakFlops);
+  }
+
+  for (const auto& shape : parse_shapes(a.decode, 3, "--decode")) {
+    const int64_t batch = shape[0], prompt = shape[1], gen = shape[2];
+    Workload w(model, batch, prompt + gen, a.block_size);
+    std::vector<double> runs;
+    for (int64_t it = 0; it < std::min<int64_t>(iters, 3) + 1; ++it) {
+      w.reset();
+      ForwardBatch b = w.batch(prompt, nullptr, rng);
+      std::vector<int32_t> next = sample(model.forward_device(b, w.cache()));
+      ops::synchronize(dev);
+      const double t0 = now_s();
+      for (int64_t g = 1; g < gen; ++g) {
+        ForwardBatch step = w.batch(1, &next, rng);
+        next = sample(model.forward_device(step, w.cache()));
+      }
+      ops::synchronize(dev);
+      if (it > 0) runs.push_back(now_s() - t0);
+    }
+    const double t = median(runs);
+    const double steps = static_cast<double>(gen - 1);
+    const double step_s = t / steps;
+    const double tok_s = batch * steps / t;
+    const double avg_ctx = prompt + gen / 2.0;
+    const double bytes = costs.weight_bytes + batch * avg_ctx * costs.kv_bytes_per_token;
+    out["decode"].push_back({{"batch", batch},
+                             {"prompt", prompt},
+                             {"new", gen},
+                             {"tok_s", tok_s},
+                             {"ms_per_step", step_s * 1e3},
+                             {"bandwidth_tb_s", bytes / step_s / 1e12}});
+    if (!a.json)
+      std::printf(
+          "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)\n",
+          static_cast<long long>(batch), static_cast<long long>(prompt),
+          static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
+          100.0 * bytes / step_s / kPeakBandwidth);
+  }
+
+  if (a.first_token_prompt > 0) {
+    Workload w(model, 1, a.first_token_prompt + 1, a.block_size);
+    std::vector<double> times;
+    for (int64_t it = 0; it < iters + 1; ++it) {
+      w.reset();
+      ForwardBatch b = w.batch(a.first_token_prompt, nullptr, rng);
+      ops::synchronize(dev);
+      const double t0 = now_s();
+      std::vector<int32_t> first = sample(model.forward_device(b, w.cache()));
+      if (it > 0) times.push_back(now_s() - t0);
+    }
+    out["first_token_ms"] = median(times) * 1e3;
+    if (!a.json)
+      std::printf("first token, %lld-token prompt: %.2f ms\n",
+                  static_cast<long long>(a.first_token_prompt), median(times) * 1e3);
+  }
+#ifdef KESTREL_CUDA
+  if (dev == Device::kCuda) {
+    const cuda::MemoryStats m = cuda::memory_stats();
+    out["memory_peak_gib"] = static_cast<double>(m.peak_in_use) / (1 << 30);
+    if (!a.json)
+      std::printf("device memory: peak %.2f GiB in use, %.2f GiB reserved\n",
+                  static_cast<double>(m.peak_in_use) / (1 << 30),
+                  static_cast<double>(m.reserved) / (1 << 30));
+  }
+#endif
+  if (a.json) std::cout << out.dump() << "\n";
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  static BenchArgs a;
+  CLI::App* cmd = app.add_subcommand("bench", "prefill / decode throughput on one device");
+  cmd->add_option("--device", a.device, "cuda or cpu")->capture_default_str();
+  auto* model = cmd->add_option("--model", a.model_dir, "model folder");
+  auto* preset = cmd->add_option("--preset", a.preset,
+                                 "random weights on the device: falcon-7b, falcon-40b, "
+                                 "falcon2-11b or tiny");
+  model->excludes(preset);
+  cmd->add_option("--layers", a.layers, "override the preset's layer count");
+  cmd->add_option("--prefill", a.prefill, "BxL,...: B prompts of L tokens in one step")
+      ->capture_default_str();
+  cmd->add_option("--decode", a.decode, "BxPxG,...: B sequences, P-token prompts, G new tokens")
+      ->capture_default_str();
+  cmd->add_option("--first-token-prompt", a.first_token_prompt,
+                  "prompt length for the first-token time (0: skip)")
+      ->capture_default_str();
+  cmd->add_option("--iters", a.iters, "timed repetitions (median reported)")->capture_default_str();
+  cmd->add_option("--block-size", a.block_size, "KV cache block size")->capture_default_str();
+  cmd->add_flag("--json", a.json, "print only the JSON result");
+  cmd->callback([] { run_bench(a); });
+}
+
+}  // namespace kestrel::cli

@@ -1,0 +1,333 @@
+// Every CUDA op against the CPU op on fresh random inputs of several shapes
+// (llama.cpp's test-backend-ops habit): inputs are drawn in F32, rounded to
+// bf16 so that both backends see the same values, and the CUDA result is
+// compared by normalised error ||cuda - cpu|| / ||cpu|| with a bound per op.
+// Outputs are poisoned (NaN) before each CUDA run, so an unwritten element fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/ops.h"
+#ifdef KESTREL_CUDA
+#include "backend/cuda/cuda_ops.h"
+#endif
+
+namespace kestrel {
+namespace {
+
+// bf16 rounds each output once (relative 2^-9); sums of a few rounded terms
+// stay well under these.
+constexpr double kElementwiseBound = 1e-2;
+constexpr double kLinearBound = 1e-2;
+constexpr double kAttentionBound = 2e-2;  // P is rounded to bf16 before P V
+
+#define REQUIRE_GPU()                                                            \
+  do {                                                                           \
+    if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
+  } while (0)
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 r(std::random_device{}());
+  return r;
+}
+
+// A host F32 tensor of uniform values in [lo, hi), rounded to bf16.
+Tensor random_host(Shape shape, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = bf16_to_f32(f32_to_bf16(u(rng())));
+  return t;
+}
+
+Tensor to_gpu_bf16(const Tensor& host) {
+  return ops::upload_weight(host.raw(), DType::kF32, host.shape(), DType::kBF16, Device::kCuda);
+}
+
+Tensor host_i32(const std::vector<int32_t>& v, Shape shape) {
+  Tensor t = Tensor::empty(DType::kI32, std::move(shape));
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+// A BF16 CUDA tensor full of NaN.
+Tensor poisoned_gpu(Shape shape) {
+  Tensor host = Tensor::empty(DType::kF32, shape);
+  std::fill(host.data<float>(), host.data<float>() + host.numel(), NAN);
+  return to_gpu_bf16(host);
+}
+
+// ||got - ref|| / ||ref||; NaN anywhere in got gives infinity.
+double norm_error(const Tensor& got_host, const Tensor& ref) {
+  EXPECT_EQ(got_host.numel(), ref.numel());
+  double num = 0.0, den = 0.0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double g = got_host.data<float>()[i], r = ref.data<float>()[i];
+    if (!std::isfinite(g)) return INFINITY;
+    num += (g - r) * (g - r);
+    den += r * r;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double gpu_error(const Tensor& gpu, const Tensor& ref) {
+  return norm_error(ops::to_host_f32(gpu), ref);
+}
+
+TEST(CudaOps, Embedding) {
+  REQUIRE_GPU();
+  for (auto [vocab, hidden, n] : {std::tuple{1000, 4544, 17}, {50, 60, 3}}) {
+    Tensor table = random_host({vocab, hidden});
+    std::vector<int32_t> ids(n);
+    for (auto& id : ids) id = static_cast<int32_t>(rng()() % vocab);
+    Tensor ref = Tensor::empty(DType::kF32, {n, hidden});
+    ops::embedding(host_i32(ids, {n}), table, ref);
+    Tensor out = poisoned_gpu({n, hidden});
+    ops::embedding(ops::to_device(host_i32(ids, {n}), Device::kCuda), to_gpu_bf16(table), out);
+    EXPECT_EQ(gpu_error(out, ref), 0.0) << vocab << "x" << hidden;
+  }
+}
+
+TEST(CudaOps, LayerNorm) {
+  REQUIRE_GPU();
+  for (auto [n, hidden] : {std::pair{5, 4544}, {300, 64}, {1, 8192}, {7, 100}}) {
+    Tensor x = random_host({n, hidden}, -2.0f, 3.0f);
+    Tensor w = random_host({hidden}), b = random_host({hidden});
+    Tensor ref = Tensor::empty(DType::kF32, {n, hidden});
+    ops::layer_norm(x, w, b, 1e-5f, ref);
+    Tensor out = poisoned_gpu({n, hidden});
+    ops::layer_norm(to_gpu_bf16(x), to_gpu_bf16(w), to_gpu_bf16(b), 1e-5f, out);
+    EXPECT_LE(gpu_error(out, ref), kElementwiseBound) << n << "x" << hidden;
+  }
+}
+
+TEST(CudaOps, LinearWithAndWithoutBias) {
+  REQUIRE_GPU();
+  struct Case {
+    int64_t n, in, out;
+    bool bias, f32_out;
+  };
+  for (const Case& c : {Case{1, 4544, 4672, false, false}, Case{37, 256, 1000, true, false},
+                        Case{128, 64, 65024, false, true}, Case{300, 192, 96, true, true}}) {
+    Tensor x = random_host({c.n, c.in}), w = random_host({c.out, c.in});
+    Tensor b = c.bias ? random_host({c.out}) : Tensor();
+    Tensor ref = Tensor::empty(DType::kF32, {c.n, c.out});
+    ops::linear(x, w, b, ref);
+    Tensor out = c.f32_out ? Tensor::empty(DType::kF32, {c.n, c.out}, Device::kCuda)
+                           : poisoned_gpu({c.n, c.out});
+    ops::linear(to_gpu_bf16(x), to_gpu_bf16(w), c.bias ? to_gpu_bf16(b) : Tensor(), out);
+    EXPECT_LE(gpu_error(out, ref), kLinearBound) << c.n << "x" << c.in << "->" << c.out;
+  }
+}
+
+TEST(CudaOps, GeluAndAdd) {
+  REQUIRE_GPU();
+  for (int64_t n : {1, 1000, 123457}) {
+    Tensor x = random_host({n}, -4.0f, 4.0f);
+    Tensor ref = Tensor::empty(DType::kF32, {n});
+    std::copy(x.data<float>(), x.data<float>() + n, ref.data<float>());
+    ops::gelu(ref);
+    Tensor g = to_gpu_bf16(x);
+    ops::gelu(g);
+    EXPECT_LE(gpu_error(g, ref), kElementwiseBound) << "gelu " << n;
+
+    Tensor a = random_host({n}), b = random_host({n}), c = random_host({n});
+    for (bool three : {false, true}) {
+      Tensor sum = Tensor::empty(DType::kF32, {n});
+      ops::add(a, b, three ? c : Tensor(), sum);
+      Tensor ga = to_gpu_bf16(a);  // out aliases a, as the model uses it
+      ops::add(ga, to_gpu_bf16(b), three ? to_gpu_bf16(c) : Tensor(), ga);
+      EXPECT_LE(gpu_error(ga, sum), kElementwiseBound) << "add " << n;
+    }
+  }
+}
+
+TEST(CudaOps, QkvRotary) {
+  REQUIRE_GPU();
+  for (auto [n, heads, kv_heads, d] :
+       {std::tuple{33, 71, 1, 64}, {5, 8, 2, 128}, {9, 4, 4, 16}, {2, 232, 8, 64}}) {
+    Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
+    Tensor cos = random_host({n, d / 2}), sin = random_host({n, d / 2});
+    Tensor q = Tensor::empty(DType::kF32, {n, heads, d});
+    Tensor k = Tensor::empty(DType::kF32, {n, kv_heads, d}),
+           v = Tensor::empty(DType::kF32, {n, kv_heads, d});
+    ops::qkv_rotary(qkv, cos, sin, q, k, v);
+    Tensor gq = poisoned_gpu({n, heads, d}), gk = poisoned_gpu({n, kv_heads, d}),
+           gv = poisoned_gpu({n, kv_heads, d});
+    ops::qkv_rotary(to_gpu_bf16(qkv), ops::to_device(cos, Device::kCuda),
+                    ops::to_device(sin, Device::kCuda), gq, gk, gv);
+    EXPECT_LE(gpu_error(gq, q), kElementwiseBound) << heads << "/" << kv_heads << " d" << d;
+    EXPECT_LE(gpu_error(gk, k), kElementwiseBound);
+    EXPECT_EQ(gpu_error(gv, v), 0.0);
+  }
+}
+
+TEST(CudaOps, GatherRowsAndArgmax) {
+  REQUIRE_GPU();
+  Tensor x = random_host({40, 333});
+  std::vector<int32_t> idx = {39, 0, 5, 5, 17};
+  Tensor ref = Tensor::empty(DType::kF32, {5, 333});
+  ops::gather_rows(x, host_i32(idx, {5}), ref);
+  Tensor out = poisoned_gpu({5, 333});
+  ops::gather_rows(to_gpu_bf16(x), ops::to_device(host_i32(idx, {5}), Device::kCuda), out);
+  EXPECT_EQ(gpu_error(out, ref), 0.0);
+
+  for (int64_t vocab : {7, 65024}) {
+    Tensor logits = random_host({9, vocab}, -5.0f, 5.0f);
+    logits.data<float>()[3 * vocab + vocab - 1] = 100.0f;  // a maximum at the end
+    logits.data<float>()[4 * vocab + 1] = 100.0f;          // ties: the first wins
+    logits.data<float>()[4 * vocab + 2] = 100.0f;
+    Tensor want = Tensor::empty(DType::kI32, {9});
+    ops::argmax_rows(logits, want);
+    Tensor got = Tensor::empty(DType::kI32, {9}, Device::kCuda);
+    ops::argmax_rows(ops::to_device(logits, Device::kCuda), got);
+    Tensor got_host = Tensor::empty(DType::kI32, {9});
+#ifdef KESTREL_CUDA
+    cuda::copy(got, got_host);
+#endif
+    for (int r = 0; r < 9; ++r)
+      EXPECT_EQ(got_host.data<int32_t>()[r], want.data<int32_t>()[r]) << "row " << r;
+  }
+}
+
+// A paged attention problem: sequences (q_len, kv_len), their blocks shuffled
+// over a cache whose unused slots hold large values (a read of one shows).
+struct AttnCase {
+  std::string name;
+  int64_t n_heads, n_kv_heads, head_dim, block_size;
+  std::vector<std::pair<int32_t, int32_t>> seqs;  // (q_len, kv_len)
+};
+
+std::vector<AttnCase> attention_cases() {
+  std::vector<AttnCase> cases;
+  cases.push_back({"mqa71_d64_decode_b1_ctx8003", 71, 1, 64, 16, {{1, 8003}}});
+  cases.push_back({"mqa71_d64_prefill_mixed", 71, 1, 64, 16, {{130, 130}, {1, 77}, {64, 300}}});
+  std::vector<std::pair<int32_t, int32_t>> b64;
+  for (int i = 0; i < 64; ++i) b64.push_back({1, 1 + static_cast<int32_t>(rng()() % 3000)});
+  cases.push_back({"gqa32x8_d128_decode_b64_bs32", 32, 8, 128, 32, b64});
+  cases.push_back({"mha4_d64_prefill", 4, 4, 64, 16, {{1, 1}, {37, 37}, {300, 300}}});
+  cases.push_back({"gqa16x2_d128_chunked", 16, 2, 128, 16, {{64, 1000}, {200, 200}, {1, 517}}});
+  cases.push_back({"gqa8x2_d128_long_bs32", 8, 2, 128, 32, {{1000, 1000}}});
+  cases.push_back({"gqa8x2_d64_chunk_ctx8k", 8, 2, 64, 32, {{96, 8191}, {1, 4097}}});
+  cases.push_back({"mqa2_d128_decode_b8",
+                   2,
+                   1,
+                   128,
+                   16,
+                   {{1, 1}, {1, 16}, {1, 17}, {1, 161}, {1, 1023}, {1, 2048}, {1, 5}, {1, 333}}});
+  cases.push_back({"mqa4_d16_generic", 4, 1, 16, 16, {{50, 50}, {1, 20}}});
+  cases.push_back({"gqa12x4_d32_generic", 12, 4, 32, 32, {{3, 40}, {9, 9}}});
+  return cases;
+}
+
+void run_attention_case(const AttnCase& c) {
+  const int64_t n_seqs = static_cast<int64_t>(c.seqs.size());
+  const int64_t bs = c.block_size, d = c.head_dim;
+  int64_t n_tokens = 0, total_blocks = 0, max_blocks = 1;
+  int32_t max_kv = 0, max_q = 0;
+  for (auto [ql, kl] : c.seqs) {
+    n_tokens += ql;
+    const int64_t nb = (kl + bs - 1) / bs;
+    total_blocks += nb;
+    max_blocks = std::max(max_blocks, nb);
+    max_kv = std::max(max_kv, kl);
+    max_q = std::max(max_q, ql);
+  }
+  const int64_t num_blocks = total_blocks + 3;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  std::vector<int32_t> tables(n_seqs * max_blocks, 0), cu{0}, lens;
+  std::vector<char> used(num_blocks * bs, 0);
+  int64_t next = 0;
+  for (int64_t s = 0; s < n_seqs; ++s) {
+    const auto [ql, kl] = c.seqs[s];
+    for (int64_t i = 0; i < (kl + bs - 1) / bs; ++i) tables[s * max_blocks + i] = perm[next++];
+    for (int64_t p = 0; p < kl; ++p) used[tables[s * max_blocks + p / bs] * bs + p % bs] = 1;
+    cu.push_back(cu.back() + ql);
+    lens.push_back(kl);
+  }
+  const Shape cache_shape{num_blocks, bs, c.n_kv_heads, d};
+  Tensor kc = random_host(cache_shape), vc = random_host(cache_shape);
+  const int64_t row = c.n_kv_heads * d;
+  for (int64_t slot = 0; slot < num_blocks * bs; ++slot) {
+    if (used[slot]) continue;
+    std::fill(kc.data<float>() + slot * row, kc.data<float>() + (slot + 1) * row, 60.0f);
+    std::fill(vc.data<float>() + slot * row, vc.data<float>() + (slot + 1) * row, 60.0f);
+  }
+  Tensor q = random_host({n_tokens, c.n_heads, d}, -2.0f, 2.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Tensor t_tables = host_i32(tables, {n_seqs, max_blocks});
+  Tensor t_cu = host_i32(cu, {n_seqs + 1}), t_lens = host_i32(lens, {n_seqs});
+  Tensor ref = Tensor::empty(DType::kF32, q.shape());
+  ops::paged_attention(q, kc, vc, t_tables, t_cu, t_lens, max_kv, scale, ref);
+
+  const Tensor gq = to_gpu_bf16(q), gk = to_gpu_bf16(kc), gv = to_gpu_bf16(vc);
+  const Tensor g_tables = ops::to_device(t_tables, Device::kCuda);
+  const Tensor g_cu = ops::to_device(t_cu, Device::kCuda);
+  const Tensor g_lens = ops::to_device(t_lens, Device::kCuda);
+#ifdef KESTREL_CUDA
+  const bool mma_ok = d == 64 || d == 128;
+  for (int kernel : {1, 2, 0}) {
+    if (kernel == 2 && !mma_ok) continue;
+    cuda::set_attention_kernel(kernel);
+    for (int32_t mq : {max_q, 0}) {
+      Tensor out = poisoned_gpu(q.shape());
+      ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq);
+      EXPECT_LE(gpu_error(out, ref), kAttentionBound)
+          << c.name << " kernel " << kernel << " max_q_len " << mq;
+    }
+  }
+  cuda::set_attention_kernel(0);
+#endif
+}
+
+class CudaAttention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaAttention, MatchesCpu) {
+  REQUIRE_GPU();
+  run_attention_case(GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(CudaOps, KvWrite) {
+  REQUIRE_GPU();
+  const int64_t blocks = 12, bs = 16, kvh = 2, d = 64, n = 20;
+  Tensor k = random_host({n, kvh, d}), v = random_host({n, kvh, d});
+  std::vector<int64_t> slots(blocks * bs);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng());
+  slots.resize(n);
+  Tensor t_slots = Tensor::empty(DType::kI64, {n});
+  std::copy(slots.begin(), slots.end(), t_slots.data<int64_t>());
+  Tensor kc = random_host({blocks, bs, kvh, d}), vc = random_host({blocks, bs, kvh, d});
+  Tensor gkc = to_gpu_bf16(kc), gvc = to_gpu_bf16(vc);
+  ops::kv_write(k, v, t_slots, kc, vc);
+  ops::kv_write(to_gpu_bf16(k), to_gpu_bf16(v), ops::to_device(t_slots, Device::kCuda), gkc, gvc);
+  EXPECT_EQ(gpu_error(gkc, kc), 0.0);
+  EXPECT_EQ(gpu_error(gvc, vc), 0.0);
+}
+
+}  // namespace
+}  // namespace kestrel
+
+namespace kestrel {
+namespace {
+
+TEST(CudaOps, RandomUniformMatchesCpu) {
+  REQUIRE_GPU();
+  for (float amp : {0.0f, 0.5f}) {
+    Tensor cpu = ops::random_uniform({1000, 7}, DType::kF32, Device::kCpu, 42, amp, 1.0f);
+    Tensor gpu = ops::random_uniform({1000, 7}, DType::kF32, Device::kCuda, 42, amp, 1.0f);
+    EXPECT_LE(norm_error(ops::to_host_f32(gpu), cpu), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace kestrel
