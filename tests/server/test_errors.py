@@ -30,7 +30,7 @@ def assert_validation(r, field):
     ({"frequency_penalty": 9}, "frequency_penalty"),
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"max_new_tokens": 10**9}, "max_new_tokens"),
-    ({"max_new_tokens": 500}, "max_new_tokens"),  # prompt + 500 > max_total_tokens 512
+    ({"max_new_tokens": 512}, "max_new_tokens"),  # prompt + 512 > max_total_tokens 512
     ({"max_new_tokens": "ten"}, "max_new_tokens"),
     ({"seed": -1}, "seed"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
