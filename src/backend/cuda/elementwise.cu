@@ -106,6 +106,7 @@ __global__ void embedding_kernel(const int32_t* ids, const uint16_t* table, int6
 }
 
 // One block per row; mean, then variance of (x - mean), then the write.
+// Generic version (any hidden).
 __global__ void layer_norm_kernel(const uint16_t* x, const uint16_t* w, const uint16_t* b,
                                   int64_t hidden, float eps, uint16_t* out) {
   __shared__ float scratch[32];
@@ -125,18 +126,116 @@ __global__ void layer_norm_kernel(const uint16_t* x, const uint16_t* w, const ui
     st_bf16(yr, i, (ld_bf16(xr, i) - mean) * inv * ld_bf16(w, i) + ld_bf16(b, i));
 }
 
+// hidden % 8 == 0 and hidden <= 8 * kLnChunks * blockDim.x: the row is read
+// once, 16 bytes a thread at a time, and kept in registers.
+constexpr int kLnChunks = 4;
+__global__ void layer_norm_vec_kernel(const uint16_t* x, const uint16_t* w, const uint16_t* b,
+                                      int64_t hidden, float eps, uint16_t* out) {
+  __shared__ float scratch[32];
+  const int n_chunks = static_cast<int>(hidden / 8);
+  const uint4* xr = reinterpret_cast<const uint4*>(x + blockIdx.x * hidden);
+  float vals[kLnChunks][8];
+  float s = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kLnChunks; ++c) {
+    const int idx = threadIdx.x + c * blockDim.x;
+    uint4 u = idx < n_chunks ? xr[idx] : uint4{0, 0, 0, 0};
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(h[j]);
+      vals[c][2 * j] = f.x, vals[c][2 * j + 1] = f.y;
+      s += f.x + f.y;
+    }
+  }
+  const float mean = block_sum(s, scratch) / static_cast<float>(hidden);
+  float v = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kLnChunks; ++c) {
+    if (threadIdx.x + c * blockDim.x >= n_chunks) continue;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v += (vals[c][j] - mean) * (vals[c][j] - mean);
+  }
+  const float inv = rsqrtf(block_sum(v, scratch) / static_cast<float>(hidden) + eps);
+#pragma unroll
+  for (int c = 0; c < kLnChunks; ++c) {
+    const int idx = threadIdx.x + c * blockDim.x;
+    if (idx >= n_chunks) continue;
+    uint4 uw = reinterpret_cast<const uint4*>(w)[idx], ub = reinterpret_cast<const uint4*>(b)[idx];
+    const __nv_bfloat162* hw = reinterpret_cast<const __nv_bfloat162*>(&uw);
+    const __nv_bfloat162* hb = reinterpret_cast<const __nv_bfloat162*>(&ub);
+    uint4 uo;
+    __nv_bfloat162* ho = reinterpret_cast<__nv_bfloat162*>(&uo);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 fw = __bfloat1622float2(hw[j]), fb = __bfloat1622float2(hb[j]);
+      ho[j] = __floats2bfloat162_rn((vals[c][2 * j] - mean) * inv * fw.x + fb.x,
+                                    (vals[c][2 * j + 1] - mean) * inv * fw.y + fb.y);
+    }
+    reinterpret_cast<uint4*>(out + blockIdx.x * hidden)[idx] = uo;
+  }
+}
+
+__device__ __forceinline__ float gelu_f(float v) {
+  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
+}
+
+// 8 bf16 per thread (16-byte loads) when n % 8 == 0, else one.
 __global__ void gelu_kernel(uint16_t* x, int64_t n) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  if (n % 8 == 0) {
+    uint4* v = reinterpret_cast<uint4*>(x);
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n / 8; i += stride) {
+      uint4 u = v[i];
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(h[j]);
+        h[j] = __floats2bfloat162_rn(gelu_f(f.x), gelu_f(f.y));
+      }
+      v[i] = u;
+    }
+    return;
+  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride)
+    st_bf16(x, i, gelu_f(ld_bf16(x, i)));
+}
+
+__global__ void add_bias_kernel(void* out, bool f32_out, const uint16_t* bias, int64_t n,
+                                int64_t cols) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = ld_bf16(x, i);
-    st_bf16(x, i, 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f)));
+    const float b = ld_bf16(bias, i % cols);
+    if (f32_out) {
+      static_cast<float*>(out)[i] += b;
+    } else {
+      uint16_t* o = static_cast<uint16_t*>(out);
+      st_bf16(o, i, ld_bf16(o, i) + b);
+    }
   }
 }
 
 __global__ void add_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out,
                            int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  if (n % 8 == 0) {
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n / 8; i += stride) {
+      uint4 ua = reinterpret_cast<const uint4*>(a)[i], ub = reinterpret_cast<const uint4*>(b)[i];
+      uint4 uc = c ? reinterpret_cast<const uint4*>(c)[i] : uint4{0, 0, 0, 0};
+      __nv_bfloat162* ha = reinterpret_cast<__nv_bfloat162*>(&ua);
+      const __nv_bfloat162* hb = reinterpret_cast<const __nv_bfloat162*>(&ub);
+      const __nv_bfloat162* hc = reinterpret_cast<const __nv_bfloat162*>(&uc);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 fa = __bfloat1622float2(ha[j]), fb = __bfloat1622float2(hb[j]);
+        const float2 fc = __bfloat1622float2(hc[j]);  // zeros when c is null
+        ha[j] = __floats2bfloat162_rn(fa.x + fb.x + fc.x, fa.y + fb.y + fc.y);
+      }
+      reinterpret_cast<uint4*>(out)[i] = ua;
+    }
+    return;
+  }
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += stride) {
     float v = ld_bf16(a, i) + ld_bf16(b, i);
     if (c) v += ld_bf16(c, i);
     st_bf16(out, i, v);
@@ -148,6 +247,13 @@ __global__ void gather_rows_kernel(const char* x, const int32_t* idx, int64_t n_
   const int64_t r = blockIdx.x;
   const int32_t src = idx[r];
   const bool ok = src >= 0 && src < n_rows;
+  if (row_bytes % 16 == 0) {
+    const uint4* xs = reinterpret_cast<const uint4*>(x + (ok ? src : 0) * row_bytes);
+    uint4* o = reinterpret_cast<uint4*>(out + r * row_bytes);
+    for (int64_t i = threadIdx.x; i < row_bytes / 16; i += blockDim.x)
+      o[i] = ok ? xs[i] : uint4{0, 0, 0, 0};
+    return;
+  }
   for (int64_t i = threadIdx.x; i < row_bytes; i += blockDim.x)
     out[r * row_bytes + i] = ok ? x[src * row_bytes + i] : 0;
 }
@@ -158,9 +264,20 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) 
   const float* row = logits + blockIdx.x * vocab;
   float bv = -FLT_MAX;
   int32_t bi = 0x7fffffff;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const float v = row[i];
-    if (v > bv) bv = v, bi = static_cast<int32_t>(i);  // increasing i: first max kept
+  if (vocab % 4 == 0) {
+    for (int64_t i = threadIdx.x; i < vocab / 4; i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(row)[i];
+      const int32_t i0 = static_cast<int32_t>(4 * i);
+      if (v.x > bv) bv = v.x, bi = i0;  // increasing index: the first max is kept
+      if (v.y > bv) bv = v.y, bi = i0 + 1;
+      if (v.z > bv) bv = v.z, bi = i0 + 2;
+      if (v.w > bv) bv = v.w, bi = i0 + 3;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float v = row[i];
+      if (v > bv) bv = v, bi = static_cast<int32_t>(i);
+    }
   }
   auto better = [](float v, int32_t i, float ov, int32_t oi) {
     return ov > v || (ov == v && oi < i);
@@ -186,14 +303,17 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) 
   }
 }
 
-// grid (T, n_kv_heads * (group + 2)); thread i of a head rotates the pair (i, i + d/2).
+// grid (T, ceil(n_kv_heads * (group + 2) / 8)), block (32, 8): threadIdx.y picks
+// the head slot, thread x of a head rotates the pairs (i, i + d/2), i = x, x + 32...
 __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const float* sin,
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                   uint16_t* q, uint16_t* k, uint16_t* v) {
   const int64_t t = blockIdx.x;
   const int64_t group = n_heads / n_kv_heads, half = head_dim / 2;
-  const int64_t g = blockIdx.y / (group + 2), slot = blockIdx.y % (group + 2);
-  const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + blockIdx.y * head_dim;
+  const int64_t hs = blockIdx.y * int64_t{blockDim.y} + threadIdx.y;
+  if (hs >= n_kv_heads * (group + 2)) return;
+  const int64_t g = hs / (group + 2), slot = hs % (group + 2);
+  const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + hs * head_dim;
   const float* c = cos + t * half;
   const float* s = sin + t * half;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -257,6 +377,18 @@ void embedding(const int32_t* ids, const uint16_t* table, int64_t n_tokens, int6
 void layer_norm(const uint16_t* x, const uint16_t* w, const uint16_t* b, int64_t n_tokens,
                 int64_t hidden, float eps, uint16_t* out, cudaStream_t s) {
   if (n_tokens == 0) return;
+  if (hidden % 8 == 0) {
+    const int64_t chunks = hidden / 8;
+    int threads = static_cast<int>((chunks + kLnChunks - 1) / kLnChunks);
+    threads = (threads + 31) / 32 * 32;
+    if (threads < 128 && chunks >= 128) threads = 128;  // more loads in flight
+    threads = threads < 32 ? 32 : threads;
+    if (threads <= 1024) {
+      layer_norm_vec_kernel<<<static_cast<unsigned>(n_tokens), threads, 0, s>>>(x, w, b, hidden,
+                                                                                eps, out);
+      return;
+    }
+  }
   const int threads = hidden >= 1024 ? 512 : hidden >= 256 ? 256 : 64;
   layer_norm_kernel<<<static_cast<unsigned>(n_tokens), threads, 0, s>>>(x, w, b, hidden, eps, out);
 }
@@ -264,6 +396,13 @@ void layer_norm(const uint16_t* x, const uint16_t* w, const uint16_t* b, int64_t
 void gelu(uint16_t* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   gelu_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n);
+}
+
+void add_bias(void* out, bool f32_out, const uint16_t* bias, int64_t rows, int64_t cols,
+              cudaStream_t s) {
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  add_bias_kernel<<<grid_for(n, 256), 256, 0, s>>>(out, f32_out, bias, n, cols);
 }
 
 void add(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out, int64_t n,
@@ -289,9 +428,10 @@ void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t
                 uint16_t* v, cudaStream_t s) {
   if (n_tokens == 0) return;
   const int64_t group = n_heads / n_kv_heads;
-  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_kv_heads * (group + 2)));
-  const int threads = head_dim / 2 >= 64 ? 64 : 32;
-  qkv_rotary_kernel<<<grid, threads, 0, s>>>(qkv, cos, sin, n_heads, n_kv_heads, head_dim, q, k, v);
+  const int64_t slots = n_kv_heads * (group + 2);
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>((slots + 7) / 8));
+  qkv_rotary_kernel<<<grid, dim3(32, 8), 0, s>>>(qkv, cos, sin, n_heads, n_kv_heads, head_dim, q, k,
+                                                 v);
 }
 
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,

@@ -2,6 +2,7 @@
 // through cuBLASLt, bf16 operands, fp32 accumulation, the bias in the
 // epilogue, out in bf16 or f32. One plan (descriptors + the heuristic's best
 // algorithm) per shape, made at first use and cached, with a 32 MiB workspace.
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -9,6 +10,7 @@
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/kernels.h"
 
 #define CUBLAS_CHECK(call)                                                                  \
   do {                                                                                      \
@@ -28,7 +30,10 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool bias_epilogue = false;  // else a separate kernel adds the bias
 };
+
+constexpr int kMaxAlgos = 8;
 
 // (n_out, n_tokens, n_in, has bias, f32 out)
 using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, bool>;
@@ -55,19 +60,20 @@ Gemm& gemm() {
 // Column-major view of the row-major problem: out^T [n_out, T] =
 // W (stored [n_out, in], i.e. column-major [in, n_out], transposed) x X^T
 // (row-major [T, in] is column-major [in, T]).
-Plan& plan_for(const PlanKey& key) {
+// Descriptors for one shape; the bias epilogue only where cuBLASLt takes a bf16
+// bias (bf16 out), else false. Returns the heuristic's candidates.
+int describe(Plan& p, const PlanKey& key, bool bias_epilogue,
+             cublasLtMatmulHeuristicResult_t (&results)[kMaxAlgos]) {
   Gemm& g = gemm();
-  auto it = g.plans.find(key);
-  if (it != g.plans.end()) return it->second;
   const auto [m, n, k, has_bias, f32_out] = key;
-  Plan p;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
   CUBLAS_CHECK(
       cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-  if (has_bias) {
+  p.bias_epilogue = bias_epilogue;
+  if (bias_epilogue) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
@@ -84,14 +90,51 @@ Plan& plan_for(const PlanKey& key) {
   const size_t ws = kWorkspaceBytes;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &ws, sizeof(ws)));
-  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(g.handle, p.op, p.a, p.b, p.c, p.c, pref, 1, &result, &found));
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g.handle, p.op, p.a, p.b, p.c, p.c, pref,
+                                                           kMaxAlgos, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS) found = 0;
+  if (found == 0) {
+    cublasLtMatmulDescDestroy(p.op);
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.c);
+    p = Plan{};
+  }
+  return found;
+}
+
+void run(const Plan& p, const Tensor& x, const Tensor& weight, Tensor& out,
+         const cublasLtMatmulAlgo_t& algo) {
+  const float alpha = 1.0f, beta = 0.0f;
+  Gemm& g = gemm();
+  CUBLAS_CHECK(cublasLtMatmul(g.handle, p.op, &alpha, weight.raw(), p.a, x.raw(), p.b, &beta,
+                              out.raw(), p.c, out.raw(), p.c, &algo, g.workspace, kWorkspaceBytes,
+                              stream()));
+}
+
+// The plan of a shape, made at its first call: the heuristic's first choice.
+// (Timing every candidate at first use was tried on the H200: no gain, and one
+// candidate raised an illegal instruction; see docs/gpu.md.)
+Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const Tensor& bias,
+               Tensor& out) {
+  Gemm& g = gemm();
+  auto it = g.plans.find(key);
+  if (it != g.plans.end()) return it->second;
+  const auto [m, n, k, has_bias, f32_out] = key;
+  Plan p;
+  cublasLtMatmulHeuristicResult_t results[kMaxAlgos] = {};
+  int found = has_bias && !f32_out ? describe(p, key, true, results) : 0;
+  if (found == 0) found = describe(p, key, false, results);
   KESTREL_CHECK(found > 0, "linear: cuBLASLt has no algorithm for [", n, ", ", k, "] x [", m, ", ",
                 k, "]^T");
-  p.algo = result.algo;
+  if (p.bias_epilogue) {
+    const void* bp = bias.raw();
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  p.algo = results[0].algo;
   return g.plans.emplace(key, p).first->second;
 }
 
@@ -108,17 +151,18 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
   if (n_tokens == 0 || n_out == 0) return;
   const PlanKey key{n_out, n_tokens, n_in, bias.defined(), out.dtype() == DType::kF32};
-  Plan& p = plan_for(key);
-  if (bias.defined()) {
+  Plan& p = plan_for(key, x, weight, bias, out);
+  if (p.bias_epilogue) {
     const void* bp = bias.raw();
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
-  const float alpha = 1.0f, beta = 0.0f;
-  Gemm& g = gemm();
-  CUBLAS_CHECK(cublasLtMatmul(g.handle, p.op, &alpha, weight.raw(), p.a, x.raw(), p.b, &beta,
-                              out.raw(), p.c, out.raw(), p.c, &p.algo, g.workspace, kWorkspaceBytes,
-                              stream()));
+  run(p, x, weight, out, p.algo);
+  if (bias.defined() && !p.bias_epilogue) {
+    kernels::add_bias(out.raw(), out.dtype() == DType::kF32, bias.data<uint16_t>(), n_tokens, n_out,
+                      stream());
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 }  // namespace kestrel::cuda

@@ -28,6 +28,9 @@ void embedding(const int32_t* ids, const uint16_t* table, int64_t n_tokens, int6
 void layer_norm(const uint16_t* x, const uint16_t* w, const uint16_t* b, int64_t n_tokens,
                 int64_t hidden, float eps, uint16_t* out, cudaStream_t s);
 void gelu(uint16_t* x, int64_t n, cudaStream_t s);
+// out [rows, cols] (f32 when f32_out, else bf16) += bias [cols] (bf16).
+void add_bias(void* out, bool f32_out, const uint16_t* bias, int64_t rows, int64_t cols,
+              cudaStream_t s);
 // out = a + b (+ c when not null), summed in fp32, rounded once.
 void add(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out, int64_t n,
          cudaStream_t s);
