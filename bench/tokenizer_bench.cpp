@@ -1,7 +1,8 @@
 // Encode throughput of the tokenizer on one thread, on a few MB of generated
-// mixed text (prose, code, numbers, non-Latin scripts, emoji). Writes the text
-// and the ids so that tokenizer_hf.py times HF tokenizers on the same input
-// and checks that its ids are identical.
+// mixed text (prose, code, numbers, non-Latin scripts, emoji), or on the
+// documents of --text-in (a JSON array of strings). Writes the text and the
+// ids so that tokenizer_hf.py times HF tokenizers on the same input and checks
+// that its ids are identical.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -183,7 +184,7 @@ double encode_all(const kestrel::text::Tokenizer& tok, const std::vector<std::st
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string tokenizer = "tests/data/tokenizer/falcon-tokenizer.json", text_out, ids_out;
+  std::string tokenizer = "tests/data/tokenizer/falcon-tokenizer.json", text_in, text_out, ids_out;
   double mb = 4;
   int runs = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -194,18 +195,23 @@ int main(int argc, char** argv) {
       mb = std::atof(v.c_str());
     else if (a == "--runs")
       runs = std::atoi(v.c_str());
+    else if (a == "--text-in")
+      text_in = v;
     else if (a == "--text-out")
       text_out = v;
     else if (a == "--ids-out")
       ids_out = v;
     else {
       std::fprintf(stderr,
-                   "usage: tokenizer_bench [--tokenizer F] [--mb N] [--runs N] "
+                   "usage: tokenizer_bench [--tokenizer F] [--mb N | --text-in F] [--runs N] "
                    "[--text-out F] [--ids-out F]\n");
       return 2;
     }
   }
-  const auto docs = make_docs(static_cast<size_t>(mb * 1e6));
+  const auto docs =
+      text_in.empty()
+          ? make_docs(static_cast<size_t>(mb * 1e6))
+          : nlohmann::json::parse(std::ifstream(text_in)).get<std::vector<std::string>>();
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
   if (!text_out.empty()) std::ofstream(text_out) << nlohmann::json(docs).dump();

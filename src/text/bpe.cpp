@@ -188,7 +188,10 @@ void Bpe::word_symbols(std::string_view word, Scratch& scratch) const {
     syms.push_back({id, n - 1, -1, len});
     if (n > 0) syms[n - 1].next = n;
   };
-  std::optional<std::pair<int32_t, uint32_t>> unk;  // pending unknown: (id, bytes)
+  // A pending unknown token (id -1: none) and the bytes it covers; plain
+  // variables, not an optional pair (GCC 12 warns falsely on that).
+  int32_t unk = -1;
+  uint32_t unk_len = 0;
   for (size_t i = 0; i < word.size();) {
     size_t len;
     decode_utf8(word, i, len);
@@ -197,7 +200,7 @@ void Bpe::word_symbols(std::string_view word, Scratch& scratch) const {
     i += len;
     const int32_t id = lookup_char(c, first, last, scratch);
     if (id >= 0) {
-      if (unk) add(unk->first, unk->second), unk.reset();
+      if (unk >= 0) add(unk, unk_len), unk = -1;
       add(id, static_cast<uint32_t>(len));
       continue;
     }
@@ -215,15 +218,16 @@ void Bpe::word_symbols(std::string_view word, Scratch& scratch) const {
     }
     if (unk_token_) {
       const int32_t unk_id = vocab_.find(*unk_token_)->second;
-      if (unk && fuse_unk_) {
-        unk->second += static_cast<uint32_t>(len);
+      if (unk >= 0 && fuse_unk_) {
+        unk_len += static_cast<uint32_t>(len);
       } else {
-        if (unk) add(unk->first, unk->second);
-        unk = std::make_pair(unk_id, static_cast<uint32_t>(len));
+        if (unk >= 0) add(unk, unk_len);
+        unk = unk_id;
+        unk_len = static_cast<uint32_t>(len);
       }
     }
   }
-  if (unk) add(unk->first, unk->second);
+  if (unk >= 0) add(unk, unk_len);
 }
 
 void Bpe::merge_symbols(Scratch& scratch) const {

@@ -65,6 +65,26 @@ void check_post_processor(const nlohmann::json& j) {
   KESTREL_FAIL("unsupported post_processor type '", type_of(j), "' (supported: null, ByteLevel)");
 }
 
+// HF applies both to every encode, so they would change the ids. kestrel
+// truncates prompts itself; padding is only accepted where it is a no-op on
+// one text (BatchLongest with no pad_to_multiple_of).
+void check_truncation_padding(const nlohmann::json& j) {
+  if (j.contains("truncation") && !j["truncation"].is_null()) {
+    KESTREL_FAIL("unsupported 'truncation' ", j["truncation"].dump(),
+                 " (supported: null; kestrel truncates prompts itself)");
+  }
+  if (!j.contains("padding") || j["padding"].is_null()) return;
+  const auto& p = j["padding"];
+  const bool batch_longest = p.is_object() && p.contains("strategy") && p["strategy"].is_string() &&
+                             p["strategy"] == "BatchLongest";
+  const bool no_multiple =
+      p.is_object() && (!p.contains("pad_to_multiple_of") || p["pad_to_multiple_of"].is_null());
+  if (!batch_longest || !no_multiple) {
+    KESTREL_FAIL("unsupported 'padding' ", p.dump(),
+                 " (supported: null, or BatchLongest without pad_to_multiple_of)");
+  }
+}
+
 bool parse_decoder(const nlohmann::json& j) {
   if (j.is_null()) return false;
   if (type_of(j) == "ByteLevel") return true;
@@ -133,6 +153,11 @@ void apply_config(Tokenizer::Impl& t, const Tokenizer& tok, const nlohmann::json
   };
   t.add_bos = flag("add_bos_token");
   t.add_eos = flag("add_eos_token");
+  // As transformers refuses it: asking for a token that is not named.
+  KESTREL_CHECK(!t.add_bos || t.bos,
+                "tokenizer_config.json: add_bos_token is true but no bos_token");
+  KESTREL_CHECK(!t.add_eos || t.eos,
+                "tokenizer_config.json: add_eos_token is true but no eos_token");
 }
 
 // Encodes the words of one text piece with the BPE model.
@@ -157,6 +182,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     KESTREL_CHECK(j.is_object(), "tokenizer.json must be a JSON object");
     KESTREL_CHECK(j.contains("model"), "tokenizer.json has no 'model'");
     check_normalizer(j.value("normalizer", nlohmann::json()));
+    check_truncation_padding(j);
     check_post_processor(j.value("post_processor", nlohmann::json()));
     impl->byte_level_decoder = parse_decoder(j.value("decoder", nlohmann::json()));
     impl->bpe = Bpe::from_json(j["model"]);

@@ -4,6 +4,10 @@
 
 #include <utf8proc.h>
 
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
 #include "core/error.h"
 
 namespace kestrel::text {
@@ -68,6 +72,23 @@ size_t invalid_subpart_at(std::string_view s, size_t i) {
   }
   return k;
 }
+
+// HF's Punctuation pre-tokenizer asks the unicode_categories crate, whose
+// tables are Unicode 8.0's: what became punctuation since (Unicode 9 to 15)
+// is not punctuation to HF, and two characters that have left P* still are.
+// The lists are HF tokenizers 0.23 against utf8proc 2.8, every code point
+// (tests/data/tokenizer/gen_hf_unicode_classes.py; components_test checks them).
+constexpr std::pair<char32_t, char32_t> kPunctuationSinceUnicode8[] = {
+    {0x061D, 0x061D},   {0x09FD, 0x09FD},   {0x0A76, 0x0A76},   {0x0C77, 0x0C77},
+    {0x0C84, 0x0C84},   {0x1B7D, 0x1B7E},   {0x2E43, 0x2E4F},   {0x2E52, 0x2E5D},
+    {0x10EAD, 0x10EAD}, {0x10F55, 0x10F59}, {0x10F86, 0x10F89}, {0x1144B, 0x1144F},
+    {0x1145A, 0x1145B}, {0x1145D, 0x1145D}, {0x11660, 0x1166C}, {0x116B9, 0x116B9},
+    {0x1183B, 0x1183B}, {0x11944, 0x11946}, {0x119E2, 0x119E2}, {0x11A3F, 0x11A46},
+    {0x11A9A, 0x11A9C}, {0x11A9E, 0x11AA2}, {0x11B00, 0x11B09}, {0x11C41, 0x11C45},
+    {0x11C70, 0x11C71}, {0x11EF7, 0x11EF8}, {0x11F43, 0x11F4F}, {0x11FFF, 0x11FFF},
+    {0x12FF1, 0x12FF2}, {0x16E97, 0x16E9A}, {0x16FE2, 0x16FE2}, {0x1E95E, 0x1E95F},
+};
+constexpr char32_t kPunctuationInUnicode8Only[] = {0x111C9, 0x166D};
 
 utf8proc_category_t category(char32_t cp) {
   return static_cast<utf8proc_category_t>(utf8proc_category(static_cast<utf8proc_int32_t>(cp)));
@@ -161,10 +182,13 @@ bool is_punctuation(char32_t cp) {
     case UTF8PROC_CATEGORY_PI:
     case UTF8PROC_CATEGORY_PF:
     case UTF8PROC_CATEGORY_PO:
-      return true;
+      break;
     default:
-      return false;
+      return std::find(std::begin(kPunctuationInUnicode8Only), std::end(kPunctuationInUnicode8Only),
+                       cp) != std::end(kPunctuationInUnicode8Only);
   }
+  return std::none_of(std::begin(kPunctuationSinceUnicode8), std::end(kPunctuationSinceUnicode8),
+                      [cp](const auto& r) { return cp >= r.first && cp <= r.second; });
 }
 
 bool is_numeric(char32_t cp) {

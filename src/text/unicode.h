@@ -51,7 +51,7 @@ std::string utf8_lossy(std::string_view bytes);
 size_t complete_utf8_prefix(std::string_view s);
 
 // Character classes, as HF tokenizers defines them:
-// punctuation: Rust char::is_ascii_punctuation || Unicode category P*.
+// punctuation: Rust char::is_ascii_punctuation || Unicode 8.0 category P* (HF's crate).
 bool is_punctuation(char32_t cp);
 // numeric: Rust char::is_numeric (categories Nd, Nl, No).
 bool is_numeric(char32_t cp);

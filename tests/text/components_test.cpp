@@ -3,6 +3,11 @@
 // Expected values are what HF tokenizers 0.23 gives for the same input.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -243,6 +248,26 @@ TEST(LoadErrorTest, UnknownComponentsAreNamed) {
                     "unsupported model type 'Unigram'");
 }
 
+TEST(LoadErrorTest, OptionsThatWouldChangeTheIdsAreRefused) {
+  auto j = small_tokenizer(nlohmann::json::array());
+  j["model"]["dropout"] = 0.1;
+  expect_load_error(j.dump(), "BPE dropout is not supported");
+  j["model"]["dropout"] = nullptr;
+  EXPECT_EQ(Tokenizer::from_json(j.dump()).encode("hi"), (Ids{256}));
+  auto k = j;
+  k["truncation"] = {
+      {"direction", "Right"}, {"max_length", 512}, {"strategy", "LongestFirst"}, {"stride", 0}};
+  expect_load_error(k.dump(), "unsupported 'truncation'");
+  k = j;
+  k["padding"] = {{"strategy", {{"Fixed", 16}}}, {"pad_id", 0}, {"pad_token", "<pad>"}};
+  expect_load_error(k.dump(), "unsupported 'padding'");
+  k["padding"] = {{"strategy", "BatchLongest"}, {"pad_to_multiple_of", 8}};
+  expect_load_error(k.dump(), "unsupported 'padding'");
+  // BatchLongest leaves one text as it is: accepted.
+  k["padding"] = {{"strategy", "BatchLongest"}, {"pad_to_multiple_of", nullptr}, {"pad_id", 0}};
+  EXPECT_EQ(Tokenizer::from_json(k.dump()).encode("hih"), (Ids{256, 104}));
+}
+
 TEST(LoadErrorTest, MalformedJsonAndBadFields) {
   expect_load_error("{\"model\": ", "tokenizer.json: malformed JSON");
   expect_load_error("[1, 2]", "tokenizer.json must be a JSON object");
@@ -269,6 +294,73 @@ TEST(LoadErrorTest, MissingFileIsNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/tokenizer.json"), std::string::npos);
   }
+}
+
+// HF's classes of every code point from U+0080 (gen_hf_unicode_classes.py):
+// class letter -> sorted [first, last] ranges.
+std::map<char, std::vector<std::pair<char32_t, char32_t>>> hf_classes() {
+  std::ifstream in(std::string(KESTREL_TEST_DATA) + "/tokenizer/hf-unicode-classes.txt");
+  std::map<char, std::vector<std::pair<char32_t, char32_t>>> out;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ss(line.substr(2));
+    for (std::string r; ss >> r;) {
+      const size_t dash = r.find('-');
+      const auto first = static_cast<char32_t>(std::stoul(r.substr(0, dash), nullptr, 16));
+      const auto last = dash == std::string::npos
+                            ? first
+                            : static_cast<char32_t>(std::stoul(r.substr(dash + 1), nullptr, 16));
+      out[line[0]].emplace_back(first, last);
+    }
+  }
+  return out;
+}
+
+// Whether cp lies in the sorted ranges.
+bool in_ranges(const std::vector<std::pair<char32_t, char32_t>>& r, char32_t cp) {
+  auto it = std::upper_bound(r.begin(), r.end(), std::make_pair(cp, char32_t{0x10FFFF}));
+  return it != r.begin() && cp <= std::prev(it)->second;
+}
+
+TEST(UnicodeTest, ClassesOfEveryCodePointAsHf) {
+  const auto hf = hf_classes();
+  ASSERT_EQ(hf.size(), 5u);
+  const Regex byte_level(
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
+  const Regex unassigned(R"(\p{Cn})");
+  std::vector<std::pair<size_t, size_t>> m;
+  auto one_piece = [&](const char* before, char32_t cp) {
+    std::string s = before;
+    append_utf8(cp, s);
+    m.clear();
+    byte_level.find_all(s, m);
+    return m.size() == 1;
+  };
+  size_t newer_than_tables = 0;
+  for (char32_t cp = 0x80; cp < 0x110000; ++cp) {
+    if (cp >= 0xD800 && cp <= 0xDFFF) continue;
+    // Punctuation and whitespace: identical everywhere.
+    ASSERT_EQ(is_punctuation(cp), in_ranges(hf.at('P'), cp)) << std::hex << "U+" << uint32_t(cp);
+    ASSERT_EQ(is_whitespace(cp), in_ranges(hf.at('W'), cp)) << std::hex << "U+" << uint32_t(cp);
+    ASSERT_EQ(one_piece("\t", cp), in_ranges(hf.at('W'), cp)) << std::hex << "U+" << uint32_t(cp);
+    // Letters and numbers: HF's tables are newer (Unicode 16+) than PCRE2 10.42's
+    // (14); they may differ only where PCRE2 has no character yet.
+    const bool same = one_piece("a", cp) == in_ranges(hf.at('L'), cp) &&
+                      one_piece("1", cp) == in_ranges(hf.at('N'), cp) &&
+                      is_numeric(cp) == in_ranges(hf.at('D'), cp);
+    if (same) continue;
+    std::string c;
+    append_utf8(cp, c);
+    m.clear();
+    unassigned.find_all(c, m);
+    ASSERT_EQ(m.size(), 1u) << std::hex << "U+" << uint32_t(cp)
+                            << " is assigned and classed unlike HF";
+    ++newer_than_tables;
+  }
+  // Unicode 15 to 17 additions: CJK extensions H and I, Egyptian hieroglyphs, new scripts.
+  EXPECT_LT(newer_than_tables, 10000u);
+  std::printf("code points newer than PCRE2's Unicode tables, classed unlike HF: %zu\n",
+              newer_than_tables);
 }
 
 TEST(UnicodeTest, LossyDecodingReplacesMaximalSubparts) {

@@ -127,8 +127,50 @@ TEST(TokenizerTest, ModelDirAndConfig) {
   EXPECT_EQ(t.eos_id(), 1);
   EXPECT_EQ(t.encode("Hello world"), (std::vector<int32_t>{0, 9856, 1079, 1}));
   EXPECT_EQ(t.encode("Hello world", false), (std::vector<int32_t>{9856, 1079}));
+  // from_file reads the tokenizer_config.json beside the file too.
+  EXPECT_EQ(Tokenizer::from_file(dir / "tokenizer.json").encode("Hello"),
+            (std::vector<int32_t>{0, 9856, 1}));
   std::filesystem::remove_all(dir);
   EXPECT_THROW(Tokenizer::from_model_dir(dir), Error);
+}
+
+// Expects from_json(falcon tokenizer.json, config) to throw an Error holding `part`.
+void expect_config_error(const std::string& config, const std::string& part) {
+  static const std::string json = testing::read_all(testing::data_path("falcon-tokenizer.json"));
+  try {
+    Tokenizer::from_json(json, config);
+    FAIL() << "no error, expected: " << part;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(TokenizerTest, FalconTokenizerConfig) {
+  // tiiuae/falcon-7b's tokenizer_config.json: eos only, no bos, nothing added.
+  const std::string json = testing::read_all(testing::data_path("falcon-tokenizer.json"));
+  const auto t = Tokenizer::from_json(json, R"({"add_prefix_space": false,
+      "eos_token": "<|endoftext|>", "model_max_length": 2048,
+      "tokenizer_class": "PreTrainedTokenizerFast"})");
+  EXPECT_EQ(t.eos_id(), 11);
+  EXPECT_FALSE(t.bos_id().has_value());
+  EXPECT_EQ(t.encode("Hello world"), (std::vector<int32_t>{9856, 1079}));
+  // bos named but add_bos_token absent or false: known, not added.
+  const auto b =
+      Tokenizer::from_json(json, R"({"bos_token": ">>TITLE<<", "add_bos_token": false})");
+  EXPECT_EQ(b.bos_id(), 0);
+  EXPECT_EQ(b.encode("Hello world"), (std::vector<int32_t>{9856, 1079}));
+  // A null bos_token and add_bos_token false, as some configs spell "none".
+  const auto n = Tokenizer::from_json(json, R"({"bos_token": null, "add_bos_token": false})");
+  EXPECT_FALSE(n.bos_id().has_value());
+}
+
+TEST(TokenizerTest, TokenizerConfigErrors) {
+  expect_config_error(R"({"add_bos_token": true})", "add_bos_token is true but no bos_token");
+  expect_config_error(R"({"bos_token": "<s>"})", "bos_token '<s>' is not in the vocabulary");
+  expect_config_error(R"({"eos_token": {"lstrip": false}})",
+                      "'eos_token' must be a string or {\"content\": ...}");
+  expect_config_error(R"([true])", "tokenizer_config.json must be a JSON object");
+  expect_config_error(R"({"bos_token": )", "tokenizer_config.json: malformed JSON");
 }
 
 }  // namespace
