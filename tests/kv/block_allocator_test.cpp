@@ -56,6 +56,62 @@ TEST(BlockAllocator, MisuseIsAnError) {
   EXPECT_THROW(BlockAllocator(-1), Error);
 }
 
+TEST(PrefixCache, FreedHashedBlocksStayFindableUntilEvicted) {
+  BlockAllocator a(3);
+  std::vector<int32_t> blocks;
+  ASSERT_TRUE(a.allocate(2, blocks));
+  a.set_hash(blocks[0], 100);
+  a.set_hash(blocks[1], 200);
+  EXPECT_FALSE(a.lookup(300).has_value());
+  // A hit while referenced adds an owner.
+  EXPECT_EQ(a.lookup(100), blocks[0]);
+  EXPECT_EQ(a.ref_count(blocks[0]), 2);
+  a.release(blocks[0]);
+  a.release(blocks);
+  // Unreferenced but cached: free for allocate(), still found by hash.
+  EXPECT_EQ(a.num_free(), 3);
+  EXPECT_EQ(a.num_cached_free(), 2);
+  EXPECT_EQ(a.lookup(200), blocks[1]);
+  EXPECT_EQ(a.ref_count(blocks[1]), 1);
+  EXPECT_EQ(a.num_cached_free(), 1);
+  a.release(blocks[1]);
+  // Plainly free blocks go first, then the least recently used cached one
+  // (block 0, released before block 1), whose hash is then forgotten.
+  auto plain = a.allocate();
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_NE(*plain, blocks[0]);
+  EXPECT_NE(*plain, blocks[1]);
+  EXPECT_EQ(a.allocate(), blocks[0]);
+  EXPECT_FALSE(a.lookup(100).has_value());
+  EXPECT_EQ(a.lookup(200), blocks[1]);
+  EXPECT_EQ(a.num_free(), 0);
+  EXPECT_FALSE(a.allocate().has_value());
+}
+
+TEST(PrefixCache, FirstBlockOfAPrefixStaysTheCachedOne) {
+  BlockAllocator a(2);
+  std::vector<int32_t> b;
+  ASSERT_TRUE(a.allocate(2, b));
+  a.set_hash(b[0], 7);
+  a.set_hash(b[1], 7);  // same prefix computed twice: b[1] stays unhashed
+  EXPECT_FALSE(a.has_hash(b[1]));
+  a.release(b);
+  EXPECT_EQ(a.num_cached_free(), 1);
+  EXPECT_EQ(a.lookup(7), b[0]);
+  EXPECT_THROW(a.set_hash(b[1], 8), Error);  // free block
+}
+
+TEST(PrefixCache, ChainHashCoversTheWholePrefix) {
+  const std::vector<int32_t> x{1, 2, 3, 4}, y{1, 2, 3, 5};
+  const uint64_t hx = block_prefix_hash(0, x.data(), 4);
+  EXPECT_EQ(hx, block_prefix_hash(0, x.data(), 4));
+  EXPECT_NE(hx, block_prefix_hash(0, y.data(), 4));
+  // The same block after different prefixes hashes differently.
+  EXPECT_NE(block_prefix_hash(hx, x.data(), 4),
+            block_prefix_hash(block_prefix_hash(0, y.data(), 4), x.data(), 4));
+  EXPECT_NE(block_prefix_hash(0, x.data(), 2), block_prefix_hash(0, x.data() + 2, 2));
+}
+
 TEST(KvCache, ShapePerLayer) {
   KvCache cache({3, 10, 16, 2, 64}, DType::kF32, Device::kCpu);
   EXPECT_EQ(cache.k(2).shape(), (Shape{10, 16, 2, 64}));
