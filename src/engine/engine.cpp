@@ -1,26 +1,18 @@
-// The engine's step loop: vLLM-v1-style scheduling (each sequence has tokens
-// computed vs tokens known; a per-step token budget goes to decode tokens
-// first, then to chunks of waiting prompts), preemption by recompute when KV
-// blocks run out, sampling and stop checks, and events back to each request.
+// The engine's life cycle: request handles, submit and its validation, cancel,
+// drain, the loop thread, and how a request ends (finish, best_of selection,
+// errors). One step of the loop is in engine_step.cpp.
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <random>
-#include <unordered_map>
+#include <cmath>
+#include <limits>
 
 #include "core/error.h"
 #include "core/logging.h"
-#include "engine/sampler.h"
-#include "kv/block_allocator.h"
-#include "kv/kv_cache.h"
+#include "engine/engine_impl.h"
 #include "model/falcon_model.h"
-#include "text/tokenizer.h"
 
 namespace kestrel {
-
-using Clock = std::chrono::steady_clock;
 
 // ---- RequestHandle ----
 
@@ -57,61 +49,6 @@ GenerationResult RequestHandle::wait() {
 }
 
 // ---- Engine ----
-
-struct Sequence {
-  uint64_t id = 0;
-  std::shared_ptr<RequestHandle> handle;
-  SamplingParams params;
-  std::vector<int32_t> tokens;  // prompt + generated
-  int64_t prompt_len = 0;
-  int64_t n_computed = 0;  // tokens whose K/V are in the cache
-  std::vector<int32_t> blocks;
-  std::mt19937_64 rng;
-  std::unordered_map<int32_t, int32_t> seen, generated_counts;
-  GenerationResult result;
-  std::optional<text::IncrementalDetokenizer> detok;
-  Clock::time_point submitted, scheduled;
-  bool started = false;
-  int64_t admitted_order = 0;
-};
-
-struct Engine::Impl {
-  std::shared_ptr<const FalconModel> model;
-  std::shared_ptr<const text::Tokenizer> tokenizer;
-  EngineOptions opt;
-  std::unique_ptr<KvCache> cache;
-  std::unique_ptr<BlockAllocator> alloc;
-
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<Sequence>> incoming;
-  std::vector<uint64_t> cancels;
-  bool stopping = false;
-  bool accepting = true;
-  std::atomic<uint64_t> next_id{1};
-  EngineStats stats;
-
-  // Owned by the loop thread.
-  std::deque<std::shared_ptr<Sequence>> waiting;
-  std::vector<std::shared_ptr<Sequence>> running;
-  int64_t admit_counter = 0;
-  std::thread loop;
-
-  void run();
-  bool step();
-  void finish(const std::shared_ptr<Sequence>& s, FinishReason reason);
-  void free_blocks(Sequence& s) {
-    alloc->release(s.blocks);
-    s.blocks.clear();
-    s.n_computed = 0;
-  }
-  bool reserve(Sequence& s, int64_t n_tokens) {
-    const int64_t need =
-        (n_tokens + opt.block_size - 1) / opt.block_size - static_cast<int64_t>(s.blocks.size());
-    return need <= 0 || alloc->allocate(static_cast<int32_t>(need), s.blocks);
-  }
-  void append_token(const std::shared_ptr<Sequence>& s, const SampledToken& t);
-};
 
 Engine::Engine(std::shared_ptr<const FalconModel> model,
                std::shared_ptr<const text::Tokenizer> tokenizer, EngineOptions options)
@@ -173,6 +110,11 @@ EngineStats Engine::stats() const {
   return impl_->stats;
 }
 
+std::vector<double> Engine::step_overhead_seconds() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->step_overheads;
+}
+
 std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
                                               std::function<void(EngineEvent)> callback) {
   Impl& m = *impl_;
@@ -199,11 +141,6 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
                                                 " KV blocks, the cache holds " +
                                                 std::to_string(m.alloc->num_blocks()));
   }
-  if (req.params.best_of > 1)
-    throw ValidationError("best_of", "`best_of` > 1 is not supported yet");
-  if (req.params.prompt_logprobs) {
-    throw ValidationError("decoder_input_details", "`decoder_input_details` is not supported yet");
-  }
   if (!req.params.stop.empty() && !m.tokenizer) {
     throw ValidationError("stop", "stop sequences need a tokenizer");
   }
@@ -228,6 +165,14 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
   s->result.prompt_length = n;
   for (int32_t id : s->tokens) ++s->seen[id];
   if (m.tokenizer) s->detok.emplace(*m.tokenizer, s->tokens);
+  if (s->params.prompt_logprobs) {  // the first prompt token has no logprob
+    TokenInfo first;
+    first.id = s->tokens[0];
+    first.logprob = std::numeric_limits<float>::quiet_NaN();
+    if (m.tokenizer) first.text = m.tokenizer->decode(std::vector<int32_t>{first.id});
+    s->result.prompt_tokens.push_back(std::move(first));
+  }
+  if (s->params.best_of > 1) s->group = std::make_shared<BestOfGroup>();
   s->submitted = Clock::now();
   {
     std::lock_guard<std::mutex> lock(m.mu);
@@ -269,6 +214,12 @@ void Engine::drain(std::chrono::milliseconds timeout) {
   if (m.loop.joinable()) m.loop.join();
 }
 
+static double cumulative_logprob(const GenerationResult& r) {
+  double sum = 0.0;
+  for (const TokenInfo& t : r.tokens) sum += t.logprob;
+  return sum;
+}
+
 void Engine::Impl::finish(const std::shared_ptr<Sequence>& s, FinishReason reason) {
   if (s->detok) {
     std::string tail = s->detok->flush();
@@ -280,8 +231,37 @@ void Engine::Impl::finish(const std::shared_ptr<Sequence>& s, FinishReason reaso
   free_blocks(*s);
   EngineEvent e;
   e.kind = EngineEvent::Kind::kFinished;
-  e.result = std::make_shared<GenerationResult>(s->result);
+  if (!s->group) {
+    e.result = std::make_shared<GenerationResult>(s->result);
+    s->handle->push(std::move(e));
+    return;
+  }
+  // best_of: the request ends with its last candidate, the best (highest
+  // cumulative logprob) as the result and the others after it, best first.
+  BestOfGroup& g = *s->group;
+  g.results.push_back(s->result);
+  if (--g.remaining > 0 || g.failed) return;
+  std::stable_sort(g.results.begin(), g.results.end(),
+                   [](const GenerationResult& a, const GenerationResult& b) {
+                     return cumulative_logprob(a) > cumulative_logprob(b);
+                   });
+  auto best = std::make_shared<GenerationResult>(std::move(g.results.front()));
+  best->best_of_sequences.assign(std::make_move_iterator(g.results.begin() + 1),
+                                 std::make_move_iterator(g.results.end()));
+  g.results.clear();
+  e.result = std::move(best);
   s->handle->push(std::move(e));
+}
+
+void Engine::Impl::fail(const std::shared_ptr<Sequence>& s, const std::string& message) {
+  if (s->group) {
+    if (s->group->failed) return;
+    s->group->failed = true;
+  }
+  EngineEvent ev;
+  ev.kind = EngineEvent::Kind::kError;
+  ev.error = message;
+  s->handle->push(std::move(ev));
 }
 
 void Engine::Impl::append_token(const std::shared_ptr<Sequence>& s, const SampledToken& t) {
@@ -303,6 +283,7 @@ void Engine::Impl::append_token(const std::shared_ptr<Sequence>& s, const Sample
   s->result.token_ids.push_back(t.id);
   s->result.text += info.text;
   s->result.tokens.push_back(info);
+  if (s->group) return;  // best_of candidates do not stream
   EngineEvent e;
   e.kind = EngineEvent::Kind::kToken;
   e.token = std::move(info);
@@ -324,193 +305,24 @@ void Engine::Impl::run() {
     } catch (const std::exception& e) {
       // A failed step must not take the process down: end what was in it.
       spdlog::error("engine step failed: {}", e.what());
-      for (auto* list : {&running}) {
-        for (auto& s : *list) {
-          free_blocks(*s);
-          EngineEvent ev;
-          ev.kind = EngineEvent::Kind::kError;
-          ev.error = std::string("inference failed: ") + e.what();
-          s->handle->push(std::move(ev));
-        }
-        list->clear();
+      for (auto& s : running) {
+        free_blocks(*s);
+        fail(s, std::string("inference failed: ") + e.what());
       }
+      running.clear();
     }
   }
   // Shutdown: every unfinished request ends with an error.
   std::lock_guard<std::mutex> lock(mu);
   for (auto* q : {&incoming, &waiting}) {
-    for (auto& s : *q) {
-      EngineEvent ev;
-      ev.kind = EngineEvent::Kind::kError;
-      ev.error = "engine stopped";
-      s->handle->push(std::move(ev));
-    }
+    for (auto& s : *q) fail(s, "engine stopped");
     q->clear();
   }
   for (auto& s : running) {
     free_blocks(*s);
-    EngineEvent ev;
-    ev.kind = EngineEvent::Kind::kError;
-    ev.error = "engine stopped";
-    s->handle->push(std::move(ev));
+    fail(s, "engine stopped");
   }
   running.clear();
-}
-
-}  // namespace kestrel
-
-namespace kestrel {
-
-// One scheduling step and one batched forward. Returns whether work was done.
-bool Engine::Impl::step() {
-  const auto t0 = Clock::now();
-  std::vector<uint64_t> to_cancel;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& s : incoming) waiting.push_back(std::move(s));
-    incoming.clear();
-    to_cancel.swap(cancels);
-  }
-  for (uint64_t id : to_cancel) {
-    auto match = [id](const std::shared_ptr<Sequence>& s) { return s->id == id; };
-    if (auto it = std::find_if(running.begin(), running.end(), match); it != running.end()) {
-      finish(*it, FinishReason::kCancelled);
-      running.erase(it);
-    } else if (auto wt = std::find_if(waiting.begin(), waiting.end(), match); wt != waiting.end()) {
-      finish(*wt, FinishReason::kCancelled);
-      waiting.erase(wt);
-    }
-  }
-
-  // Decode (and unfinished prefill) of running sequences first, oldest first.
-  int64_t budget = opt.max_batch_prefill_tokens;
-  std::vector<std::pair<std::shared_ptr<Sequence>, int64_t>> work;
-  for (size_t i = 0; i < running.size() && budget > 0;) {
-    auto s = running[i];
-    const int64_t n =
-        std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->n_computed, budget);
-    bool ok = reserve(*s, s->n_computed + n);
-    while (!ok && running.size() > i + 1) {  // preempt the most recently admitted
-      auto victim = running.back();
-      running.pop_back();
-      free_blocks(*victim);
-      waiting.push_front(victim);
-      ++stats.preemptions;
-      ok = reserve(*s, s->n_computed + n);
-    }
-    if (!ok) {  // not even alone with the blocks left: requeue it too
-      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
-      free_blocks(*s);
-      waiting.push_front(s);
-      ++stats.preemptions;
-      continue;
-    }
-    work.emplace_back(s, n);
-    budget -= n;
-    ++i;
-  }
-  // Then chunks of waiting prompts (and preempted sequences' recompute).
-  int64_t cached_tokens = 0;
-  for (const auto& s : running) cached_tokens += static_cast<int64_t>(s->tokens.size());
-  while (!waiting.empty() && budget > 0 &&
-         static_cast<int64_t>(running.size()) < opt.max_running_seqs) {
-    auto s = waiting.front();
-    const int64_t total = static_cast<int64_t>(s->tokens.size());
-    if (!running.empty() &&
-        cached_tokens + total + s->params.max_new_tokens > opt.max_batch_total_tokens) {
-      break;
-    }
-    const int64_t n = std::min<int64_t>(total - s->n_computed, budget);
-    if (!reserve(*s, s->n_computed + n)) break;
-    waiting.pop_front();
-    s->admitted_order = admit_counter++;
-    if (!s->started) {
-      s->started = true;
-      s->scheduled = Clock::now();
-      s->result.queue_seconds = std::chrono::duration<double>(s->scheduled - s->submitted).count();
-    }
-    running.push_back(s);
-    work.emplace_back(s, n);
-    budget -= n;
-    cached_tokens += total;
-  }
-
-  if (!work.empty()) {
-    ForwardBatch b;
-    b.cu_seqlens.push_back(0);
-    int32_t max_blocks = 1;
-    for (const auto& [s, n] : work) {
-      max_blocks = std::max(max_blocks, static_cast<int32_t>(s->blocks.size()));
-    }
-    b.max_blocks = max_blocks;
-    b.block_tables.assign(work.size() * max_blocks, 0);
-    std::vector<std::shared_ptr<Sequence>> sampled;
-    for (size_t i = 0; i < work.size(); ++i) {
-      const auto& [s, n] = work[i];
-      for (int64_t p = s->n_computed; p < s->n_computed + n; ++p) {
-        b.input_ids.push_back(s->tokens[p]);
-        b.positions.push_back(static_cast<int32_t>(p));
-        b.slots.push_back(kv_slot(s->blocks, opt.block_size, p));
-      }
-      b.cu_seqlens.push_back(static_cast<int32_t>(b.input_ids.size()));
-      b.kv_lens.push_back(static_cast<int32_t>(s->n_computed + n));
-      std::copy(s->blocks.begin(), s->blocks.end(), b.block_tables.begin() + i * max_blocks);
-      if (s->n_computed + n == static_cast<int64_t>(s->tokens.size())) {
-        b.lm_head_indices.push_back(static_cast<int32_t>(b.input_ids.size() - 1));
-        sampled.push_back(s);
-      }
-    }
-    if (b.lm_head_indices.empty()) b.lm_head_indices.push_back(0);  // cache-only step
-    const auto t_model = Clock::now();
-    Tensor logits = model->forward(b, *cache);
-    const double model_secs = std::chrono::duration<double>(Clock::now() - t_model).count();
-    for (const auto& [s, n] : work) s->n_computed += n;
-    for (const auto& [s, n] : work) {
-      if (s->n_computed <= s->prompt_len) stats.computed_prompt_tokens += n;
-    }
-
-    const int64_t vocab = model->config().vocab_size;
-    const int32_t eos = static_cast<int32_t>(model->config().eos_token_id);
-    std::vector<float> row(vocab);
-    for (size_t r = 0; r < sampled.size(); ++r) {
-      const auto& s = sampled[r];
-      std::copy_n(logits.data<float>() + r * vocab, vocab, row.begin());
-      apply_penalties(s->params, s->seen, s->generated_counts, row.data(), vocab);
-      const SampledToken t = sample_token(s->params, row.data(), vocab, s->rng);
-      const size_t text_before = s->result.text.size();
-      append_token(s, t);
-      ++stats.generated_tokens;
-      std::optional<FinishReason> done;
-      if (t.id == eos && !s->params.ignore_eos) done = FinishReason::kEosToken;
-      for (const std::string& stop : s->params.stop) {
-        if (done) break;
-        const size_t from = text_before >= stop.size() ? text_before - stop.size() + 1 : 0;
-        const size_t at = s->result.text.find(stop, from);
-        if (at != std::string::npos) {
-          s->result.text.resize(at);
-          done = FinishReason::kStopSequence;
-        }
-      }
-      if (!done && static_cast<int64_t>(s->result.token_ids.size()) >= s->params.max_new_tokens) {
-        done = FinishReason::kLength;
-      }
-      if (done) {
-        finish(s, *done);
-        running.erase(std::find(running.begin(), running.end(), s));
-      }
-    }
-    stats.step_seconds += model_secs;
-    stats.schedule_seconds += std::chrono::duration<double>(Clock::now() - t0).count() - model_secs;
-    ++stats.steps;
-    stats.last_batch_size = static_cast<int64_t>(work.size());
-  }
-
-  std::lock_guard<std::mutex> lock(mu);
-  stats.queue_length = static_cast<int64_t>(waiting.size() + incoming.size());
-  stats.running = static_cast<int64_t>(running.size());
-  stats.kv_blocks_free = alloc->num_free();
-  stats.kv_blocks_used = alloc->num_blocks() - alloc->num_free();
-  return !work.empty();
 }
 
 }  // namespace kestrel

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "engine/request.h"
 
@@ -31,7 +32,7 @@ struct EngineOptions {
   int64_t max_input_length = 1024;     // prompt tokens per request
   int64_t max_total_tokens = 2048;     // prompt + new tokens per request
   int64_t max_batch_total_tokens = 0;  // tokens in the KV cache at once; 0: what it holds
-  bool prefix_caching = true;
+  bool prefix_caching = true;          // share full blocks of equal token prefixes (LRU-evicted)
 };
 
 struct EngineStats {
@@ -41,7 +42,9 @@ struct EngineStats {
   int64_t kv_blocks_free = 0;  // free or evictable (cached, unreferenced)
   int64_t kv_blocks_used = 0;  // referenced by a live sequence
   int64_t preemptions = 0;
-  int64_t prefix_cache_hit_tokens = 0;  // prompt tokens served from the prefix cache
+  int64_t kv_blocks_cached = 0;         // of the free ones: unreferenced prefix-cache blocks
+  int64_t prefix_cache_hits = 0;        // admissions that reused cached blocks
+  int64_t prefix_cache_hit_tokens = 0;  // tokens served from the prefix cache (not computed)
   int64_t computed_prompt_tokens = 0;   // prompt tokens run through the model
   int64_t generated_tokens = 0;
   int64_t steps = 0;
@@ -94,6 +97,9 @@ class Engine {
   void cancel(uint64_t request_id);
 
   EngineStats stats() const;
+  // Seconds each step spent in the engine outside the model's forward
+  // (scheduling, batch building, sampling, stop checks), one per step so far.
+  std::vector<double> step_overhead_seconds() const;
   const EngineOptions& options() const;
   const FalconModel& model() const;
   const text::Tokenizer* tokenizer() const;

@@ -1,0 +1,304 @@
+// One step of the engine's loop: vLLM-v1-style scheduling (each sequence has
+// tokens computed vs tokens known; a per-step token budget goes to running
+// sequences first, then to chunks of waiting prompts), the prefix cache,
+// preemption by recompute when KV blocks run out, one batched forward, prompt
+// logprobs, sampling (with best_of forks) and stop checks.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "engine/engine_impl.h"
+#include "model/falcon_model.h"
+
+namespace kestrel {
+
+uint64_t Engine::Impl::block_hash(Sequence& s, size_t k) {
+  const size_t bs = static_cast<size_t>(opt.block_size);
+  KESTREL_CHECK((k + 1) * bs <= s.tokens.size(), "prefix cache: block ", k, " is not full");
+  while (s.hashes.size() <= k) {
+    const size_t j = s.hashes.size();
+    const uint64_t parent = j == 0 ? 0 : s.hashes[j - 1];
+    s.hashes.push_back(block_prefix_hash(parent, s.tokens.data() + j * bs, opt.block_size));
+  }
+  return s.hashes[k];
+}
+
+int64_t Engine::Impl::lookup_prefix(Sequence& s) {
+  if (!opt.prefix_caching || !s.blocks.empty() || s.wants_prompt_logprobs()) return 0;
+  // Full blocks only, and never the last token: it must be computed for logits.
+  const size_t max_blocks = (s.tokens.size() - 1) / static_cast<size_t>(opt.block_size);
+  for (size_t k = 0; k < max_blocks; ++k) {
+    const std::optional<int32_t> b = alloc->lookup(block_hash(s, k));
+    if (!b) break;
+    s.blocks.push_back(*b);
+  }
+  s.n_computed = static_cast<int64_t>(s.blocks.size()) * opt.block_size;
+  return s.n_computed;
+}
+
+void Engine::Impl::register_full_blocks(Sequence& s, int64_t old_computed) {
+  if (!opt.prefix_caching) return;
+  for (int64_t k = old_computed / opt.block_size; k < s.n_computed / opt.block_size; ++k) {
+    alloc->set_hash(s.blocks.at(k), block_hash(s, static_cast<size_t>(k)));
+  }
+}
+
+void Engine::Impl::cancel_requested(const std::vector<uint64_t>& ids) {
+  // Every sequence of a request ends (best_of candidates share its id).
+  auto cancel_in = [&](auto& list, uint64_t id) {
+    for (auto it = list.begin(); it != list.end();) {
+      if ((*it)->id != id) {
+        ++it;
+        continue;
+      }
+      auto s = *it;
+      it = list.erase(it);
+      finish(s, FinishReason::kCancelled);
+    }
+  };
+  for (uint64_t id : ids) {
+    cancel_in(running, id);
+    cancel_in(waiting, id);
+  }
+}
+
+// Picks this step's work: running sequences first (oldest first, preempting
+// the most recently admitted when blocks run out), then waiting ones.
+std::vector<StepWork> Engine::Impl::schedule() {
+  int64_t budget = opt.max_batch_prefill_tokens;
+  std::vector<StepWork> work;
+  for (size_t i = 0; i < running.size() && budget > 0;) {
+    auto s = running[i];
+    const int64_t n =
+        std::min<int64_t>(static_cast<int64_t>(s->tokens.size()) - s->n_computed, budget);
+    bool ok = reserve(*s, s->n_computed + n);
+    while (!ok && running.size() > i + 1) {  // preempt the most recently admitted
+      auto victim = running.back();
+      running.pop_back();
+      free_blocks(*victim);
+      waiting.push_front(victim);
+      ++stats.preemptions;
+      ok = reserve(*s, s->n_computed + n);
+    }
+    if (!ok) {  // not even alone with the blocks left: requeue it too
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      free_blocks(*s);
+      waiting.push_front(s);
+      ++stats.preemptions;
+      continue;
+    }
+    work.push_back({s, n});
+    budget -= n;
+    ++i;
+  }
+  // Then chunks of waiting prompts (and preempted sequences' recompute).
+  int64_t held_tokens = 0;
+  for (const auto& s : running) held_tokens += static_cast<int64_t>(s->tokens.size());
+  while (!waiting.empty() && budget > 0 &&
+         static_cast<int64_t>(running.size()) < opt.max_running_seqs) {
+    auto s = waiting.front();
+    const int64_t total = static_cast<int64_t>(s->tokens.size());
+    if (!running.empty() &&
+        held_tokens + total + s->params.max_new_tokens > opt.max_batch_total_tokens) {
+      break;
+    }
+    const int64_t hit = lookup_prefix(*s);
+    const int64_t n = std::min<int64_t>(total - s->n_computed, budget);
+    if (!reserve(*s, s->n_computed + n)) {
+      if (hit > 0) free_blocks(*s);  // the cached blocks stay cached
+      break;
+    }
+    if (hit > 0) {
+      ++stats.prefix_cache_hits;
+      stats.prefix_cache_hit_tokens += hit;
+    }
+    waiting.pop_front();
+    s->admitted_order = admit_counter++;
+    if (!s->started) {
+      s->started = true;
+      s->scheduled = Clock::now();
+      s->result.queue_seconds = std::chrono::duration<double>(s->scheduled - s->submitted).count();
+    }
+    running.push_back(s);
+    work.push_back({s, n});
+    budget -= n;
+    held_tokens += total;
+  }
+  return work;
+}
+
+// Logprob of each prompt token under the model: row at position p gives the
+// distribution of token p + 1 (raw logits, TGI's `prefill` details).
+void Engine::Impl::record_prompt_logprobs(const StepWork& w, const float* logits, int64_t vocab) {
+  Sequence& s = *w.seq;
+  for (size_t r = 0; r < w.row_positions.size(); ++r) {
+    const int64_t p = w.row_positions[r];
+    if (p + 1 >= s.prompt_len || static_cast<int64_t>(s.result.prompt_tokens.size()) != p + 1) {
+      continue;
+    }
+    const float* row = logits + (w.first_row + static_cast<int64_t>(r)) * vocab;
+    const float mx = *std::max_element(row, row + vocab);
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(row[i] - mx));
+    TokenInfo t;
+    t.id = s.tokens[p + 1];
+    t.logprob = static_cast<float>(row[t.id] - mx - std::log(sum));
+    if (tokenizer) {
+      t.text = tokenizer->decode(std::vector<int32_t>{t.id});
+      t.special = tokenizer->is_special(t.id);
+    }
+    s.result.prompt_tokens.push_back(std::move(t));
+  }
+}
+
+// best_of: at its first sampled token a request's sequence forks into
+// best_of candidates. They share its full prompt blocks by reference count;
+// the partial last block is never shared, so each recomputes that tail.
+std::vector<std::shared_ptr<Sequence>> Engine::Impl::fork_best_of(
+    const std::shared_ptr<Sequence>& s) {
+  s->forked = true;
+  std::vector<std::shared_ptr<Sequence>> children;
+  const int64_t n_full = s->n_computed / opt.block_size;
+  for (int32_t i = 1; i < s->params.best_of; ++i) {
+    auto c = std::make_shared<Sequence>(*s);
+    c->blocks.assign(s->blocks.begin(), s->blocks.begin() + n_full);
+    for (int32_t b : c->blocks) alloc->retain(b);
+    c->n_computed = n_full * opt.block_size;
+    if (c->hashes.size() > static_cast<size_t>(n_full)) c->hashes.resize(n_full);
+    c->rng.seed(s->result.seed + static_cast<uint64_t>(i));
+    c->result.seed = s->result.seed + static_cast<uint64_t>(i);
+    c->admitted_order = admit_counter++;
+    ++s->group->remaining;
+    children.push_back(std::move(c));
+  }
+  return children;
+}
+
+void Engine::Impl::after_sample(const std::shared_ptr<Sequence>& s, const SampledToken& t) {
+  const int32_t eos = static_cast<int32_t>(model->config().eos_token_id);
+  const size_t text_before = s->result.text.size();
+  append_token(s, t);
+  ++stats.generated_tokens;
+  std::optional<FinishReason> done;
+  if (t.id == eos && !s->params.ignore_eos) done = FinishReason::kEosToken;
+  for (const std::string& stop : s->params.stop) {
+    if (done) break;
+    const size_t from = text_before >= stop.size() ? text_before - stop.size() + 1 : 0;
+    const size_t at = s->result.text.find(stop, from);
+    if (at != std::string::npos) {
+      s->result.text.resize(at);
+      done = FinishReason::kStopSequence;
+    }
+  }
+  if (!done && static_cast<int64_t>(s->result.token_ids.size()) >= s->params.max_new_tokens) {
+    done = FinishReason::kLength;
+  }
+  if (done) {
+    running.erase(std::find(running.begin(), running.end(), s));
+    finish(s, *done);
+  }
+}
+
+// Builds the batch, runs the model, and samples for the sequences that reach
+// the end of their known tokens (the model's time goes to stats.step_seconds).
+void Engine::Impl::forward_and_sample(std::vector<StepWork>& work) {
+  ForwardBatch b;
+  b.cu_seqlens.push_back(0);
+  int32_t max_blocks = 1;
+  for (const StepWork& w : work) {
+    max_blocks = std::max(max_blocks, static_cast<int32_t>(w.seq->blocks.size()));
+  }
+  b.max_blocks = max_blocks;
+  b.block_tables.assign(work.size() * max_blocks, 0);
+  std::vector<StepWork*> sampled;
+  for (size_t i = 0; i < work.size(); ++i) {
+    StepWork& w = work[i];
+    Sequence& s = *w.seq;
+    const int64_t total = static_cast<int64_t>(s.tokens.size());
+    const bool prompt_rows = s.wants_prompt_logprobs();
+    w.first_row = static_cast<int64_t>(b.lm_head_indices.size());
+    for (int64_t p = s.n_computed; p < s.n_computed + w.n; ++p) {
+      if ((prompt_rows && p + 1 < s.prompt_len) || p == total - 1) {
+        b.lm_head_indices.push_back(static_cast<int32_t>(b.input_ids.size()));
+        w.row_positions.push_back(p);
+      }
+      b.input_ids.push_back(s.tokens[p]);
+      b.positions.push_back(static_cast<int32_t>(p));
+      b.slots.push_back(kv_slot(s.blocks, opt.block_size, p));
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.input_ids.size()));
+    b.kv_lens.push_back(static_cast<int32_t>(s.n_computed + w.n));
+    std::copy(s.blocks.begin(), s.blocks.end(), b.block_tables.begin() + i * max_blocks);
+    if (s.n_computed + w.n == total) sampled.push_back(&w);
+  }
+  const bool no_rows = b.lm_head_indices.empty();
+  if (no_rows) b.lm_head_indices.push_back(0);  // cache-only step
+  const auto t_model = Clock::now();
+  Tensor logits = model->forward(b, *cache);
+  stats.step_seconds += std::chrono::duration<double>(Clock::now() - t_model).count();
+  const int64_t vocab = model->config().vocab_size;
+  const float* all = logits.data<float>();
+  for (StepWork& w : work) {
+    Sequence& s = *w.seq;
+    const int64_t old = s.n_computed;
+    s.n_computed += w.n;
+    if (s.n_computed <= s.prompt_len) stats.computed_prompt_tokens += w.n;
+    register_full_blocks(s, old);
+    if (!no_rows && s.wants_prompt_logprobs()) record_prompt_logprobs(w, all, vocab);
+  }
+
+  std::vector<float> row(vocab);
+  for (StepWork* w : sampled) {
+    const std::shared_ptr<Sequence> s = w->seq;
+    const int64_t r = w->first_row + static_cast<int64_t>(w->row_positions.size()) - 1;
+    std::copy_n(all + r * vocab, vocab, row.begin());
+    apply_penalties(s->params, s->seen, s->generated_counts, row.data(), vocab);
+    std::vector<std::shared_ptr<Sequence>> children;
+    if (s->group && !s->forked) children = fork_best_of(s);
+    // Each candidate draws from the same row with its own generator.
+    std::vector<std::pair<std::shared_ptr<Sequence>, SampledToken>> draws;
+    draws.emplace_back(s, sample_token(s->params, row.data(), vocab, s->rng));
+    for (auto& c : children) {
+      draws.emplace_back(c, sample_token(c->params, row.data(), vocab, c->rng));
+      running.push_back(c);
+    }
+    for (auto& [seq, t] : draws) after_sample(seq, t);
+  }
+}
+
+// One scheduling step and one batched forward. Returns whether work was done.
+bool Engine::Impl::step() {
+  const auto t0 = Clock::now();
+  std::vector<uint64_t> to_cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& s : incoming) waiting.push_back(std::move(s));
+    incoming.clear();
+    to_cancel.swap(cancels);
+  }
+  cancel_requested(to_cancel);
+  std::vector<StepWork> work = schedule();
+  double overhead = 0.0;
+  if (!work.empty()) {
+    const double model_before = stats.step_seconds;
+    forward_and_sample(work);
+    const double model_secs = stats.step_seconds - model_before;
+    overhead = std::chrono::duration<double>(Clock::now() - t0).count() - model_secs;
+    stats.schedule_seconds += overhead;
+    ++stats.steps;
+    stats.last_batch_size = static_cast<int64_t>(work.size());
+  }
+
+  std::lock_guard<std::mutex> lock(mu);
+  if (!work.empty() && step_overheads.size() < (size_t{1} << 20)) {
+    step_overheads.push_back(overhead);
+  }
+  stats.queue_length = static_cast<int64_t>(waiting.size() + incoming.size());
+  stats.running = static_cast<int64_t>(running.size());
+  stats.kv_blocks_free = alloc->num_free();
+  stats.kv_blocks_cached = alloc->num_cached_free();
+  stats.kv_blocks_used = alloc->num_blocks() - alloc->num_free();
+  return !work.empty();
+}
+
+}  // namespace kestrel
