@@ -6,10 +6,11 @@
 
 namespace kestrel::cli {
 
-void add_model_commands(CLI::App& app);         // logits, generate   (model_cmds.cpp)
-void add_random_model_command(CLI::App& app);   // random-model       (random_model_cmd.cpp)
-void add_tokenize_commands(CLI::App& app);      // tokenize, detokenize (tokenize_cmd.cpp)
-void add_serve_command(CLI::App& app);          // serve (serve_cmd.cpp; with KESTREL_HAVE_SERVER)
-void add_bench_command(CLI::App& app);          // bench              (bench_cmd.cpp)
+void add_model_commands(CLI::App& app);        // logits             (model_cmds.cpp)
+void add_generate_command(CLI::App& app);      // generate           (generate_cmd.cpp)
+void add_random_model_command(CLI::App& app);  // random-model       (random_model_cmd.cpp)
+void add_tokenize_commands(CLI::App& app);     // tokenize, detokenize (tokenize_cmd.cpp)
+void add_serve_command(CLI::App& app);         // serve (serve_cmd.cpp; with KESTREL_HAVE_SERVER)
+void add_bench_command(CLI::App& app);         // bench              (bench_cmd.cpp)
 
 }  // namespace kestrel::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->each([](const std::string& level) { kestrel::init_logging(level); });
   kestrel::cli::add_model_commands(app);
+  kestrel::cli::add_generate_command(app);
   kestrel::cli::add_random_model_command(app);
   kestrel::cli::add_tokenize_commands(app);
 #ifdef KESTREL_HAVE_SERVER

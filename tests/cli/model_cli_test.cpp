@@ -99,6 +99,59 @@ TEST_F(CliTest, GeneratePrintsTextWithATokenizer) {
   EXPECT_EQ(r.out, "The capital of France is" + fx["greedy_text"][0].get<std::string>() + "\n");
 }
 
+// Seeded sampling through the engine: the same seed gives the same ids, and
+// --json carries one logprob per token and the finish reason.
+TEST_F(CliTest, GenerateSamplesReproduciblyWithSeed) {
+  const std::string base = "generate --model " + fixture_dir("falcon7b-mqa-parallel") +
+                           " --token-ids " + write_prompts({{5, 6, 7}, {8, 9}}) +
+                           " --max-new-tokens 10 --ignore-eos --json --temperature 1.5 --top-k 50"
+                           " --top-p 0.95 --repetition-penalty 1.1 --presence-penalty 0.5";
+  CmdResult a = kestrel(base + " --seed 1234");
+  CmdResult b = kestrel(base + " --seed 1234");
+  CmdResult c = kestrel(base + " --seed 99");
+  ASSERT_EQ(a.status, 0);
+  ASSERT_EQ(b.status, 0);
+  ASSERT_EQ(c.status, 0);
+  nlohmann::json ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out),
+                 jc = nlohmann::json::parse(c.out);
+  ASSERT_EQ(ja["outputs"].size(), 2u);
+  EXPECT_EQ(ja, jb);
+  EXPECT_NE(ja["outputs"][0]["token_ids"], jc["outputs"][0]["token_ids"]);
+  for (const auto& o : ja["outputs"]) {
+    EXPECT_EQ(o["token_ids"].size(), 10u);
+    ASSERT_EQ(o["logprobs"].size(), 10u);
+    for (const auto& lp : o["logprobs"]) EXPECT_LE(lp.get<double>(), 0.0);
+    EXPECT_EQ(o["finish_reason"], "length");
+  }
+  EXPECT_EQ(ja["outputs"][0]["seed"], 1234);
+  EXPECT_EQ(ja["outputs"][1]["seed"], 1235);
+}
+
+// A stop sequence split across tokens ends the text before it, streamed or in
+// JSON; one that never occurs changes nothing, chunked or not.
+TEST_F(CliTest, GenerateStopsAtAStopSequence) {
+  const std::string base =
+      "generate --model " + fixture_dir("e2e-falcon7b-fullvocab") +
+      " --prompt 'The capital of France is' --max-new-tokens 12 --greedy --ignore-eos";
+  std::ifstream f(fixture_dir("e2e-falcon7b-fullvocab") + "/fixture.json");
+  const std::string full = nlohmann::json::parse(f)["greedy_text"][0].get<std::string>();
+  const std::string stop = "al dol";
+  const size_t at = full.find(stop);
+  ASSERT_NE(at, std::string::npos) << full;
+  CmdResult r = kestrel(base + " --stop '" + stop + "' --json");
+  ASSERT_EQ(r.status, 0);
+  nlohmann::json o = nlohmann::json::parse(r.out)["outputs"][0];
+  EXPECT_EQ(o["text"], full.substr(0, at));
+  EXPECT_EQ(o["finish_reason"], "stop_sequence");
+  EXPECT_LT(o["token_ids"].size(), 12u);
+  r = kestrel(base + " --stop '" + stop + "'");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(r.out, "The capital of France is" + full.substr(0, at) + "\n");
+  r = kestrel(base + " --stop QQQ --no-prefix-caching --prefill-chunk 3 --json");
+  ASSERT_EQ(r.status, 0);
+  EXPECT_EQ(nlohmann::json::parse(r.out)["outputs"][0]["text"], full);
+}
+
 TEST_F(CliTest, RandomModelLoadsAndRuns) {
   const std::string out = (dir_ / "tiny").string();
   ASSERT_EQ(kestrel("random-model --preset falcon-40b --layers 2 --hidden 128 --heads 8 "
@@ -137,6 +190,9 @@ TEST_F(CliTest, BadInputGivesAClearErrorAndStatus1) {
   EXPECT_TRUE(r.out.empty());
   r = kestrel("generate --model " + fixture_dir("falcon7b-mqa-parallel") + " --token-ids " +
               write_prompts({{1, 99999}}) + " --json");
+  EXPECT_EQ(r.status, 1);
+  r = kestrel("generate --model " + fixture_dir("falcon7b-mqa-parallel") + " --token-ids " +
+              write_prompts({{1, 2}}) + " --top-p 1.5 --json");
   EXPECT_EQ(r.status, 1);
   r = kestrel("logits --model /nonexistent --token-ids x --out y");
   EXPECT_EQ(r.status, 1);
