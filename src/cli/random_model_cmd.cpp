@@ -99,6 +99,11 @@ void run_random_model(const RandomArgs& a) {
     if (!a.ffn) c.ffn_hidden_size = 4 * a.hidden;
   }
   if (a.heads) {
+    // Without --hidden, a head count that does not divide the preset's width keeps the preset's
+    // head_dim instead (`--preset tiny --heads 7`: hidden 7 x 16 = 112).
+    if (!a.hidden && c.hidden_size % a.heads != 0) {
+      c.hidden_size = a.heads * (c.hidden_size / c.n_heads);
+    }
     c.n_heads = a.heads;
     if (!c.new_decoder_architecture && !c.multi_query) c.n_kv_heads = a.heads;
   }
@@ -158,7 +163,8 @@ void add_random_model_command(CLI::App& app) {
   cmd->add_option("--out", a.out, "output folder")->required();
   cmd->add_option("--layers", a.layers, "override the layer count");
   cmd->add_option("--hidden", a.hidden, "override hidden_size");
-  cmd->add_option("--heads", a.heads, "override num_attention_heads");
+  cmd->add_option("--heads", a.heads,
+                  "override num_attention_heads (keeps head_dim when the width does not divide)");
   cmd->add_option("--kv-heads", a.kv_heads, "override the K/V head count");
   cmd->add_option("--ffn", a.ffn, "override ffn_hidden_size");
   cmd->add_option("--vocab", a.vocab, "override vocab_size");

@@ -62,12 +62,12 @@ Engine::Engine(std::shared_ptr<const FalconModel> model,
                 "--block-size must be in "
                 "[1, 1024], got ",
                 options.block_size);
-  KvCacheShape shape{c.n_layers, 1, options.block_size, c.n_kv_heads, c.head_dim};
+  // The model shapes the cache: with tensor parallelism one rank cache per rank.
+  const int64_t block_bytes = m.model->kv_bytes_per_block(options.block_size);
   int64_t blocks = options.num_blocks;
-  if (blocks <= 0) blocks = options.kv_cache_memory / shape.bytes_per_block(m.model->act_dtype());
+  if (blocks <= 0) blocks = options.kv_cache_memory / block_bytes;
   KESTREL_CHECK(blocks >= 1, "the KV cache holds no block: raise --kv-cache-memory");
-  shape.num_blocks = blocks;
-  m.cache = std::make_unique<KvCache>(shape, m.model->act_dtype(), m.model->device());
+  m.cache = std::make_unique<KvCache>(m.model->make_kv_cache(blocks, options.block_size));
   m.alloc = std::make_unique<BlockAllocator>(static_cast<int32_t>(blocks));
   KESTREL_CHECK(
       options.max_input_length >= 1 && options.max_total_tokens > options.max_input_length,
@@ -82,7 +82,7 @@ Engine::Engine(std::shared_ptr<const FalconModel> model,
   if (m.opt.max_batch_total_tokens <= 0) m.opt.max_batch_total_tokens = blocks * options.block_size;
   m.stats.kv_blocks_total = blocks;
   spdlog::info("KV cache: {} blocks of {} tokens ({:.1f} MiB)", blocks, options.block_size,
-               blocks * shape.bytes_per_block(m.model->act_dtype()) / 1048576.0);
+               blocks * block_bytes / 1048576.0);
   m.loop = std::thread([&m] { m.run(); });
 }
 

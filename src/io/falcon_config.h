@@ -42,6 +42,13 @@ struct FalconConfig {
   int64_t eos_token_id = 11;
   DType dtype = DType::kBF16;  // stored precision (config "dtype"/"torch_dtype")
   std::string model_type = "falcon";
+  // Tensor parallelism: a rank's model config holds the rank's own n_heads, n_kv_heads and
+  // ffn_hidden_size (parallel/sharding.h); these say where its query heads sit in the full model
+  // (ALiBi slopes are per global head). Local head h is global head tp_first_head + h (with
+  // grouped-query attention split between ranks a rank may hold zero padding heads: see
+  // docs/parallel.md). tp_total_heads 0: the full model (no tensor parallelism).
+  int64_t tp_first_head = 0;
+  int64_t tp_total_heads = 0;
 
   // Parses and validates; `where` names the source in error messages.
   static FalconConfig from_json(const nlohmann::json& j, const std::string& where);

@@ -24,4 +24,17 @@ KvCache::KvCache(const KvCacheShape& shape, DType dtype, Device device) : shape_
   }
 }
 
+KvCache::KvCache(std::vector<KvCache> shards) : shards_(std::move(shards)) {
+  KESTREL_CHECK(!shards_.empty(), "KvCache: no rank caches given");
+  shape_ = shards_[0].shape();
+  shape_.n_kv_heads = 0;
+  for (const KvCache& s : shards_) {
+    KESTREL_CHECK(
+        s.shape().n_layers == shape_.n_layers && s.shape().num_blocks == shape_.num_blocks &&
+            s.shape().block_size == shape_.block_size && s.shape().head_dim == shape_.head_dim,
+        "KvCache: rank caches differ in layers, blocks, block size or head_dim");
+    shape_.n_kv_heads += s.shape().n_kv_heads;
+  }
+}
+
 }  // namespace kestrel

@@ -27,6 +27,12 @@ struct KvCacheShape {
 class KvCache {
  public:
   KvCache(const KvCacheShape& shape, DType dtype, Device device);
+  // Tensor parallelism: one cache per rank (each with only that rank's K/V heads) behind one
+  // object, so the engine holds one cache. shape() then sums the ranks' K/V heads (its
+  // bytes_per_block is the total); k() / v() are the ranks' own (use shard(r)).
+  explicit KvCache(std::vector<KvCache> shards);
+  int n_shards() const { return static_cast<int>(shards_.size()); }
+  KvCache& shard(int rank) { return shards_.at(rank); }
 
   const KvCacheShape& shape() const { return shape_; }
   int64_t block_size() const { return shape_.block_size; }
@@ -38,6 +44,7 @@ class KvCache {
   KvCacheShape shape_;
   std::vector<Tensor> k_;
   std::vector<Tensor> v_;
+  std::vector<KvCache> shards_;
 };
 
 // The slot of token `pos` of a sequence with this block table.

@@ -31,7 +31,8 @@ Tensor host_tensor(const std::vector<float>& v, Shape shape) {
 
 }  // namespace
 
-FalconModel FalconModel::load(const std::string& dir, Device device) {
+FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_parallel) {
+  if (tensor_parallel != 1) return load_parallel(dir, device, tensor_parallel);
   FalconConfig config = FalconConfig::from_model_dir(dir);
   WeightStore store = WeightStore::open_folder(dir);
   return from_store(config, store, device);
@@ -119,6 +120,7 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
 }
 
 KvCache FalconModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  if (group_) return make_group_kv_cache(num_blocks, block_size);
   KvCacheShape shape{config_.n_layers, num_blocks, block_size, config_.n_kv_heads,
                      config_.head_dim};
   return KvCache(shape, act_dtype_, device_);
@@ -188,6 +190,7 @@ Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
 }
 
 Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const {
+  if (group_) return forward_group(b, cache);
   check_batch(b, cache);
   const FalconConfig& c = config_;
   const int64_t n_tokens = b.n_tokens(), n_seqs = b.n_seqs();
@@ -212,7 +215,11 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   const Tensor sin = ops::to_device(host_tensor(sin_h, {n_tokens, d / 2}), dev);
 
   Tensor x = empty({n_tokens, hidden});
-  ops::embedding(ids, word_embeddings_, x);
+  if (tp_.comm) {
+    embed_sharded(b, x);  // masked lookup of the rank's vocabulary rows + all-reduce
+  } else {
+    ops::embedding(ids, word_embeddings_, x);
+  }
   Tensor ln_a = empty({n_tokens, hidden});
   Tensor ln_m = c.parallel_attn && !c.two_layer_norms() ? Tensor() : empty({n_tokens, hidden});
   Tensor qkv = empty({n_tokens, c.qkv_out_dim()});
@@ -241,13 +248,21 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
       ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn);
       ops::gelu(ffn);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
-      ops::add(x, attn_out, mlp_out, x);
+      if (tp_.comm) {  // row-parallel partial sums: ONE all-reduce for attention + MLP
+        ops::add(attn_out, mlp_out, Tensor(), attn_out);
+        all_reduce(attn_out);
+        ops::add(x, attn_out, Tensor(), x);
+      } else {
+        ops::add(x, attn_out, mlp_out, x);
+      }
     } else {
+      if (tp_.comm) all_reduce(attn_out);
       ops::add(x, attn_out, Tensor(), x);
       ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       ops::linear(ln_m, w.fc1_w, w.fc1_b, ffn);
       ops::gelu(ffn);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      if (tp_.comm) all_reduce(mlp_out);
       ops::add(x, mlp_out, Tensor(), x);
     }
   }
@@ -262,6 +277,7 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   Tensor h = empty(rows.shape());
   ops::layer_norm(rows, ln_f_w_, ln_f_b_, eps, h);
   if (b.skip_lm_head) return h;
+  if (tp_.comm) return lm_head_sharded(h);  // the rank's vocabulary columns, gathered
   // Logits in F32 on every device (the CUDA GEMM writes them from its fp32 accumulators).
   Tensor logits = Tensor::empty(DType::kF32, {h.dim(0), c.vocab_size}, dev);
   ops::linear(h, lm_head_, Tensor(), logits);

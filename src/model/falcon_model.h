@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@
 namespace kestrel {
 
 class WeightStore;
+class Communicator;
+struct TpGroup;
 
 struct FalconLayerWeights {
   Tensor ln_attn_w, ln_attn_b;  // input_layernorm, or ln_attn
@@ -29,7 +32,16 @@ class FalconModel {
  public:
   // Loads DIR (config.json + safetensors), validating every tensor against
   // the config. Throws kestrel::Error naming the file and the reason.
-  static FalconModel load(const std::string& dir, Device device = Device::kCpu);
+  static FalconModel load(const std::string& dir, Device device = Device::kCpu,
+                          int tensor_parallel = 1);
+  // Tensor parallelism over N ranks (falcon_model_tp.cpp): rank r reads only its slice of every
+  // tensor (parallel/sharding.h); CPU ranks are threads with the in-process communicator, CUDA
+  // ranks use NCCL. N is checked against the heads and the visible GPUs before any weight is
+  // read. Unlike load(dir, device, 1), N = 1 here still sets up the communicator and calls the
+  // collectives (the same code path as N > 1).
+  static FalconModel load_parallel(const std::string& dir, Device device, int tensor_parallel);
+  static FalconModel from_store_parallel(const FalconConfig& config, const WeightStore& store,
+                                         Device device, int tensor_parallel);
   static FalconModel from_store(const FalconConfig& config, const WeightStore& store,
                                 Device device);
   // Random weights at the config's shapes, drawn on the device (benchmarks:
@@ -39,6 +51,12 @@ class FalconModel {
   const FalconConfig& config() const { return config_; }
   Device device() const { return device_; }
   DType act_dtype() const { return act_dtype_; }
+  // Ranks of tensor parallelism (1 without it).
+  int tensor_parallel() const { return tp_.size; }
+  // Checkpoint bytes each rank read (its share of the weights); one entry without parallelism.
+  std::vector<int64_t> rank_weight_bytes() const;
+  // KV cache bytes of one block over all layers and every rank's K/V heads.
+  int64_t kv_bytes_per_block(int64_t block_size) const;
 
   // A KV cache shaped for this model.
   KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;
@@ -59,13 +77,30 @@ class FalconModel {
   void rope_tables(const ForwardBatch& batch, std::vector<float>& cos,
                    std::vector<float>& sin) const;
 
-  FalconConfig config_;
+  // Tensor parallelism (falcon_model_tp.cpp).
+  Tensor forward_group(const ForwardBatch& batch, KvCache& cache) const;
+  KvCache make_group_kv_cache(int64_t num_blocks, int64_t block_size) const;
+  void embed_sharded(const ForwardBatch& batch, Tensor& x) const;
+  void all_reduce(Tensor& t) const;
+  Tensor lm_head_sharded(const Tensor& h) const;
+  struct TpRank {
+    int rank = 0, size = 1;
+    std::shared_ptr<Communicator> comm;      // set on a rank of a tensor-parallel model
+    int64_t vocab_begin = 0, vocab_end = 0;  // rows of the vocabulary it holds
+    int64_t weight_bytes = 0;                // checkpoint bytes it read
+  };
+
+  FalconConfig config_;  // a rank's own shares of heads and MLP width (see FalconConfig)
   Device device_ = Device::kCpu;
   DType act_dtype_ = DType::kF32;
   Tensor word_embeddings_;  // [vocab, hidden]
   std::vector<FalconLayerWeights> layers_;
   Tensor ln_f_w_, ln_f_b_;
   Tensor lm_head_;  // [vocab, hidden]; shares word_embeddings_ when tied
+  // Tensor parallelism: on a rank, word_embeddings_ holds its vocabulary rows plus one zero row
+  // (out-of-range ids look it up) and lm_head_ its rows padded to the largest rank's count.
+  TpRank tp_;
+  std::shared_ptr<const TpGroup> group_;  // the N-rank model: its ranks (null on a rank)
 };
 
 }  // namespace kestrel
