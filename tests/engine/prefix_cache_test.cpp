@@ -114,6 +114,10 @@ TEST(PrefixCache, PreemptionWithSharedPrefixesLosesNothing) {
   o.num_blocks = 20;  // 320 tokens for 16 requests of ~80
   o.max_input_length = 128;
   o.max_total_tokens = 160;
+  // Admission bounded by blocks only (not by prompt + max_new_tokens per
+  // request), so the sequences outgrow the cache while decoding and preemption
+  // happens however the submissions and the steps interleave.
+  o.max_batch_total_tokens = 1 << 20;
   Engine engine(model, nullptr, o);
   std::vector<std::shared_ptr<RequestHandle>> hs;
   for (const auto& p : prompts) hs.push_back(engine.submit(greedy_request(p, 24)));
