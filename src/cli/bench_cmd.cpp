@@ -14,6 +14,7 @@
 
 #include "backend/ops.h"
 #include "cli/commands.h"
+#include "cli/parallel_arg.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "model/falcon_model.h"
@@ -30,6 +31,7 @@ constexpr double kPeakFlops = 790e12;      // H200, bf16 GEMM on random data
 struct BenchArgs {
   std::string device = "cuda";
   std::string model_dir;
+  ParallelArgs parallel;
   std::string preset;
   int64_t layers = 0;
   std::string prefill = "1x2048,8x512,32x512";
@@ -194,9 +196,12 @@ void run_bench(const BenchArgs& a) {
     if (!a.preset.empty()) {
       FalconConfig c = preset_config(a.preset);
       if (a.layers > 0) c.n_layers = a.layers;
+      KESTREL_CHECK(
+          a.parallel.tensor_parallel == 1,
+          "bench --tensor-parallel needs --model DIR (--preset draws one rank's weights)");
       return FalconModel::random(c, dev, 1);
     }
-    return FalconModel::load(a.model_dir, dev);
+    return load_model(a.model_dir, dev, a.parallel);
   }();
   ops::synchronize(dev);
   const double load_s = now_s() - t_load;
@@ -312,6 +317,7 @@ void add_bench_command(CLI::App& app) {
   static BenchArgs a;
   CLI::App* cmd = app.add_subcommand("bench", "prefill / decode throughput on one device");
   cmd->add_option("--device", a.device, "cuda or cpu")->capture_default_str();
+  add_parallel_options(cmd, a.parallel);
   auto* model = cmd->add_option("--model", a.model_dir, "model folder");
   auto* preset = cmd->add_option("--preset", a.preset,
                                  "random weights on the device: falcon-7b, falcon-40b, "

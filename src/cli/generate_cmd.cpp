@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/parallel_arg.h"
 #include "cli/prompt_input.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -22,6 +23,7 @@ namespace {
 
 struct GenerateArgs {
   std::string model_dir;
+  ParallelArgs parallel;
   std::string token_ids_file;
   std::vector<std::string> prompts;
   int64_t block_size = 16;
@@ -126,7 +128,8 @@ nlohmann::json result_json(const GenerationResult& r, bool has_text) {
 }
 
 void run_generate(const GenerateArgs& g) {
-  auto model = std::make_shared<const FalconModel>(FalconModel::load(g.model_dir));
+  auto model =
+      std::make_shared<const FalconModel>(load_model(g.model_dir, Device::kCpu, g.parallel));
   spdlog::info("loaded {}: {}", g.model_dir, model->config().summary());
   std::shared_ptr<const text::Tokenizer> tok;
   if (auto t = maybe_tokenizer(g.model_dir)) {
@@ -201,6 +204,7 @@ void add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "generate", "generate for every prompt through the engine (continuous batching, sampling)");
   cmd->add_option("--model", g.model_dir, "model folder (config.json + safetensors)")->required();
+  add_parallel_options(cmd, g.parallel);
   auto* ids = cmd->add_option("--token-ids", g.token_ids_file, "PROMPTS.json: [[ids...], ...]");
   auto* text = cmd->add_option("--prompt", g.prompts, "prompt text (repeatable)");
   ids->excludes(text);

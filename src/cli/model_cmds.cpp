@@ -1,6 +1,7 @@
 // `kestrel logits`: every prompt token's logits from one ragged prefill batch
 // through the paged KV cache (the parity checks call exactly this).
 #include "cli/commands.h"
+#include "cli/parallel_arg.h"
 #include "cli/prompt_input.h"
 #include "core/logging.h"
 #include "io/safetensors.h"
@@ -12,6 +13,7 @@ namespace {
 
 struct RunArgs {
   std::string model_dir;
+  ParallelArgs parallel;
   std::string token_ids_file;
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;
@@ -19,6 +21,7 @@ struct RunArgs {
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--model", a.model_dir, "model folder (config.json + safetensors)")->required();
+  add_parallel_options(cmd, a.parallel);
   cmd->add_option("--block-size", a.block_size, "KV cache block size in tokens")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", a.prefill_chunk,
@@ -27,7 +30,7 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
 }
 
 void run_logits(const RunArgs& a, const std::string& out_path) {
-  const FalconModel model = FalconModel::load(a.model_dir);
+  const FalconModel model = load_model(a.model_dir, Device::kCpu, a.parallel);
   std::vector<std::vector<int32_t>> prompts = read_token_ids(a.token_ids_file);
   std::vector<int64_t> cu{0};
   for (const auto& p : prompts) cu.push_back(cu.back() + static_cast<int64_t>(p.size()));

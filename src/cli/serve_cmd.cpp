@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/parallel_arg.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/engine.h"
@@ -18,6 +19,7 @@ namespace {
 
 struct ServeArgs {
   std::string model_dir;
+  ParallelArgs parallel;
   std::string model_id;
   std::string host = "127.0.0.1";
   int port = 8080;
@@ -67,7 +69,8 @@ void run_serve(const ServeArgs& a) {
   KESTREL_CHECK(a.max_input_length < a.max_total_tokens, "--max-input-length (", a.max_input_length,
                 ") must be below --max-total-tokens (", a.max_total_tokens, ")");
   spdlog::info("loading model from {}", a.model_dir);
-  auto model = std::make_shared<const FalconModel>(FalconModel::load(a.model_dir));
+  auto model =
+      std::make_shared<const FalconModel>(load_model(a.model_dir, Device::kCpu, a.parallel));
   spdlog::info("loaded {}", model->config().summary());
   const std::filesystem::path dir(a.model_dir);
   KESTREL_CHECK(std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
@@ -126,6 +129,7 @@ void run_serve(const ServeArgs& a) {
 void add_serve_command(CLI::App& app) {
   static ServeArgs a;
   CLI::App* cmd = app.add_subcommand("serve", "serve the LoRAX / TGI and OpenAI HTTP APIs");
+  add_parallel_options(cmd, a.parallel);
   cmd->add_option("--model", a.model_dir, "model folder (config.json, safetensors, tokenizer.json)")
       ->required();
   cmd->add_option("--model-id", a.model_id,
