@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/ops.h"
+#include "cli/bench_engine.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "core/error.h"
@@ -40,6 +41,8 @@ struct BenchArgs {
   int64_t iters = 5;
   int64_t block_size = 16;
   bool json = false;
+  std::string engine_levels = "auto";  // "auto": 1,8,64 on the CPU, none on CUDA
+  EngineBenchArgs engine;
 };
 
 FalconConfig preset_config(const std::string& name) {
@@ -308,6 +311,10 @@ void run_bench(const BenchArgs& a) {
                   static_cast<double>(m.reserved) / (1 << 30));
   }
 #endif
+  EngineBenchArgs e = a.engine;
+  e.concurrency = a.engine_levels != "auto" ? a.engine_levels : dev == Device::kCpu ? "1,8,64" : "";
+  e.block_size = a.block_size;
+  if (!e.concurrency.empty()) out["engine"] = run_engine_bench(model, e, a.json);
   if (a.json) std::cout << out.dump() << "\n";
 }
 
@@ -333,6 +340,17 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--iters", a.iters, "timed repetitions (median reported)")->capture_default_str();
   cmd->add_option("--block-size", a.block_size, "KV cache block size")->capture_default_str();
+  cmd->add_option("--engine-concurrency", a.engine_levels,
+                  "engine benchmark: requests in flight per run, C1,C2,... (auto: 1,8,64 on the "
+                  "CPU, none on CUDA; empty: skip)")
+      ->capture_default_str();
+  cmd->add_option("--engine-prompt", a.engine.prompt, "engine benchmark: prompt tokens")
+      ->capture_default_str();
+  cmd->add_option("--engine-new", a.engine.new_tokens, "engine benchmark: new tokens per request")
+      ->capture_default_str();
+  cmd->add_option("--engine-requests", a.engine.requests,
+                  "engine benchmark: requests per run (0: max(4 x concurrency, 16))")
+      ->capture_default_str();
   cmd->add_flag("--json", a.json, "print only the JSON result");
   cmd->callback([] { run_bench(a); });
 }
