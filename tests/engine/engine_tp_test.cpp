@@ -1,9 +1,10 @@
 // The engine over a tensor-parallel model (2 CPU ranks, in-process communicator): greedy outputs
 // equal the single-rank engine's and transformers', alone and inside a busy batch with chunked
-// prefill and preemption; the engine sizes one rank cache per rank.
+// prefill and preemption (checked to happen); the engine sizes one rank cache per rank.
 #include <gtest/gtest.h>
 
 #include <random>
+#include <thread>
 
 #include "../model/fixture_util.h"
 #include "engine/engine.h"
@@ -25,13 +26,16 @@ GenerationRequest greedy_request(std::vector<int32_t> prompt, int64_t n) {
 
 std::vector<std::vector<int32_t>> serve(const std::shared_ptr<const FalconModel>& model,
                                         const std::vector<std::vector<int32_t>>& prompts,
-                                        EngineOptions opt) {
+                                        EngineOptions opt, int64_t* preemptions) {
   Engine engine(model, nullptr, opt);
   std::vector<std::shared_ptr<RequestHandle>> handles;
-  std::mt19937 rng(11);
   for (const auto& p : prompts) handles.push_back(engine.submit(greedy_request(p, 12)));
   std::vector<std::vector<int32_t>> out;
   for (auto& h : handles) out.push_back(h->wait().token_ids);
+  // Stats are published at step boundaries: wait for the last step's.
+  for (int i = 0; i < 500 && (engine.stats().running || engine.stats().queue_length); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  *preemptions = engine.stats().preemptions;
   return out;
 }
 
@@ -59,9 +63,11 @@ TEST(EngineTensorParallel, GreedyEqualsSingleRank) {
                                 o.max_total_tokens = 80;
                                 return o;
                               }()}) {
-      const auto want = serve(single, prompts, opt);
-      const auto got = serve(tp, prompts, opt);
+      int64_t preempted_single = 0, preempted_tp = 0;
+      const auto want = serve(single, prompts, opt, &preempted_single);
+      const auto got = serve(tp, prompts, opt, &preempted_tp);
       EXPECT_EQ(got, want);
+      if (opt.num_blocks > 0) EXPECT_GT(preempted_tp, 0) << "the small cache should preempt";
       for (size_t p = 0; p < exp.prompts.size(); ++p) {
         std::vector<int32_t> ids(exp.i64("greedy_ids") + p * 12,
                                  exp.i64("greedy_ids") + (p + 1) * 12);
