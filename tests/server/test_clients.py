@@ -65,22 +65,43 @@ def test_lorax_client_sampling_and_alternatives(url):
     assert all(len(t.alternative_tokens) == 2 for t in a.details.tokens)
 
 
-@pytest.mark.parametrize("params", [{"decoder_input_details": True, "details": True},
-                                    {"best_of": 2, "do_sample": True, "details": True}])
-def test_engine_features_served_or_refused(url, params):
-    """What the engine cannot do yet is a 422 naming the field, never a 5xx."""
-    r = requests.post(url + "/generate", json={"inputs": PROMPT, "parameters": {"max_new_tokens": 4, **params}},
-                      timeout=60)
-    if r.status_code == 422:
-        assert r.json()["error_type"] == "validation"
-        assert "not supported yet" in r.json()["error"]
-        return
+def test_decoder_input_details(url):
+    """`prefill`: every prompt token with its logprob under the model (the first has none)."""
+    r = requests.post(url + "/generate", json={"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 4, "details": True, "decoder_input_details": True}}, timeout=60)
     assert r.status_code == 200, r.text
     details = r.json()["details"]
-    if "decoder_input_details" in params:
-        assert len(details["prefill"]) == details["prompt_tokens"]
-    else:
-        assert len(details["best_of_sequences"]) == 1
+    prefill = details["prefill"]
+    assert len(prefill) == details["prompt_tokens"] > 1
+    assert prefill[0]["logprob"] is None
+    assert all(isinstance(t["logprob"], float) and t["logprob"] <= 0 for t in prefill[1:])
+    assert "".join(t["text"] for t in prefill) == PROMPT
+
+
+def test_best_of(url):
+    """best_of: the best candidate by cumulative logprob, the others in `best_of_sequences`."""
+    r = requests.post(url + "/generate", json={"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 6, "best_of": 3, "do_sample": True, "details": True}}, timeout=60)
+    assert r.status_code == 200, r.text
+    details = r.json()["details"]
+    others = details["best_of_sequences"]
+    assert len(others) == 2
+    def total(d):
+        return sum(t["logprob"] for t in d["tokens"])
+    assert all(total(details) >= total(o) for o in others)
+    assert all(o["generated_tokens"] == len(o["tokens"]) > 0 for o in others)
+    assert len({details["seed"], *(o["seed"] for o in others)}) == 3
+
+
+def test_text_generation_client_best_of_and_prefill(url):
+    from text_generation import Client
+
+    resp = Client(url, timeout=60).generate(PROMPT, max_new_tokens=4, best_of=2, do_sample=True,
+                                            decoder_input_details=True)
+    assert len(resp.details.best_of_sequences) == 1
+    assert len(resp.details.prefill) > 1
+    assert resp.details.prefill[0].logprob is None
+    assert all(t.logprob <= 0 for t in resp.details.prefill[1:])
 
 
 def test_lorax_client_unsupported_adapter(url):
@@ -201,3 +222,16 @@ def test_raw_sse_shape(url, reference):
         assert e["generated_text"] is None and e["details"] is None
     assert events[-1]["generated_text"] == text
     assert set(events[-1]["details"]) >= {"finish_reason", "generated_tokens", "seed"}
+
+
+def test_prefix_cache_counts_and_keeps_output(server, url):
+    """A repeated long prompt is served from the prefix cache, with the same text."""
+    prompt = "The falcon hunts over the open fields at dawn, " * 6
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 6, "details": True}}
+    before = server.metrics().get("kestrel_prefix_cache_hit_tokens_total", 0)
+    a = requests.post(url + "/generate", json=body, timeout=60).json()
+    b = requests.post(url + "/generate", json=body, timeout=60).json()
+    assert a["generated_text"] == b["generated_text"]
+    after = server.metrics()
+    assert after["kestrel_prefix_cache_hit_tokens_total"] - before >= 16
+    assert after["kestrel_prefix_cache_hits_total"] >= 1
