@@ -78,17 +78,21 @@ def test_api_key_and_overload():
 
 def test_sigterm_drains_in_flight():
     s = Server()
-    result = {}
+    result = {"events": []}
+    first = threading.Event()
 
     def stream():
         r = requests.post(s.url + "/generate_stream", stream=True, timeout=120,
                           json={"inputs": "drain me", "parameters": {"max_new_tokens": 200, "ignore_eos_token": True}})
-        events = [json.loads(l[5:]) for l in r.iter_lines() if l.startswith(b"data:")]
-        result["events"] = events
+        for line in r.iter_lines():
+            if line.startswith(b"data:"):
+                result["events"].append(json.loads(line[5:]))
+                first.set()
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(0.3)
+    # The signal arrives while the request is streaming (a loaded machine may take a while to start it).
+    assert first.wait(60), "no token streamed within 60 s"
     s.proc.send_signal(signal.SIGTERM)
     t.join(120)
     assert s.proc.wait(60) == 0, s.stderr()
