@@ -208,10 +208,11 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
                 Tensor& v) {
   expect("qkv_rotary", "q", q, act_dtype(q), 3);
   expect("qkv_rotary", "k", k, act_dtype(q), 3);
-  expect("qkv_rotary", "cos", cos, DType::kF32, 2);
+  const bool rotate = cos.defined() || sin.defined();
+  if (rotate) expect("qkv_rotary", "cos", cos, DType::kF32, 2);
   const int64_t n_tokens = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t n_kv_heads = k.dim(1);
-  KESTREL_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && head_dim % 2 == 0,
+  KESTREL_CHECK(n_kv_heads > 0 && n_heads % n_kv_heads == 0 && (!rotate || head_dim % 2 == 0),
                 "qkv_rotary: ", n_heads, " heads over ", n_kv_heads, " K/V heads of size ",
                 head_dim);
   KESTREL_CHECK(qkv.ndim() == 2 && qkv.dim(0) == n_tokens &&
@@ -220,9 +221,10 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
                 shape_str(k.shape()));
   KESTREL_CHECK(k.shape() == v.shape() && k.dim(0) == n_tokens && k.dim(2) == head_dim,
                 "qkv_rotary: k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
-  KESTREL_CHECK(cos.shape() == sin.shape() && cos.dim(0) == n_tokens && cos.dim(1) == head_dim / 2,
-                "qkv_rotary: cos/sin ", shape_str(cos.shape()), " for ", n_tokens,
-                " tokens of head_dim ", head_dim);
+  KESTREL_CHECK(!rotate || (cos.defined() && sin.defined() && cos.shape() == sin.shape() &&
+                            cos.dim(0) == n_tokens && cos.dim(1) == head_dim / 2),
+                "qkv_rotary: cos/sin ", shape_str(cos.shape()), " / ", shape_str(sin.shape()),
+                " for ", n_tokens, " tokens of head_dim ", head_dim);
   KESTREL_DISPATCH(q, qkv_rotary, qkv, cos, sin, q, k, v);
 }
 
@@ -242,8 +244,15 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len) {
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len,
+                     const Tensor& alibi_slopes) {
   expect("paged_attention", "q", q, act_dtype(q), 3);
+  if (alibi_slopes.defined()) {
+    expect("paged_attention", "alibi_slopes", alibi_slopes, DType::kF32, 1);
+    KESTREL_CHECK(alibi_slopes.dim(0) == q.dim(1) && alibi_slopes.device() == q.device(),
+                  "paged_attention: alibi_slopes ", shape_str(alibi_slopes.shape()),
+                  " must hold one slope per query head (", q.dim(1), ") on q's device");
+  }
   expect("paged_attention", "block_tables", block_tables, DType::kI32, 2);
   expect("paged_attention", "cu_q", cu_q, DType::kI32, 1);
   expect("paged_attention", "kv_lens", kv_lens, DType::kI32, 1);
@@ -264,12 +273,13 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 #ifdef KESTREL_CUDA
   if (q.device() == Device::kCuda) {
     cuda::paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len, scale, out,
-                          max_q_len);
+                          max_q_len, alibi_slopes);
     return;
   }
 #endif
   KESTREL_CHECK(q.device() == Device::kCpu, "paged_attention: built without CUDA");
-  cpu::paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len, scale, out);
+  cpu::paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len, scale, out,
+                       alibi_slopes);
 }
 
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {

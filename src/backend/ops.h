@@ -52,7 +52,8 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
 // qkv [T, n_kv_heads * (n_heads / n_kv_heads + 2) * d] grouped per K/V head as
 // [n_kv_heads][group queries, 1 key, 1 value][d] (every Falcon layout is this
 // one: multi-query is one group, interleaved multi-head is groups of one).
-// cos, sin [T, d / 2] F32. q [T, n_heads, d], k and v [T, n_kv_heads, d].
+// cos, sin [T, d / 2] F32, or both undefined: no rotation (ALiBi models).
+// q [T, n_heads, d], k and v [T, n_kv_heads, d].
 void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
                 Tensor& v);
 
@@ -70,9 +71,14 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
 // out [T, n_heads, d]. max_kv_len bounds kv_lens (sizes scratch space);
 // max_q_len (0: unknown, taken as T) bounds the new tokens of one sequence and
 // sizes the CUDA grid.
+// alibi_slopes (undefined: none) [n_heads] F32 on q's device: ALiBi as
+// transformers' Falcon applies it, score = (q.k + bias) * scale with
+// bias = bf16(bf16(slope[h]) * bf16(p)), p the key's absolute position in its
+// sequence (so chunks, pages and cached prefixes see the same bias).
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len = 0);
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len = 0,
+                     const Tensor& alibi_slopes = Tensor());
 
 // out[i] = x[indices[i]]. x [T, hidden], indices [N] I32, out [N, hidden].
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "io/safetensors.h"
+#include "model/alibi.h"
 #include "model/falcon_weights.h"
 
 namespace kestrel {
@@ -40,9 +41,6 @@ FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_
 
 FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStore& store,
                                     Device device) {
-  KESTREL_CHECK(!config.alibi,
-                "ALiBi position bias (config \"alibi\": true) is not supported "
-                "yet; kestrel runs rotary Falcon models");
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
@@ -63,7 +61,6 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
 }
 
 FalconModel FalconModel::random(const FalconConfig& config, Device device, uint64_t seed) {
-  KESTREL_CHECK(!config.alibi, "ALiBi position bias is not supported yet");
   const bool has_lm_head = !config.tie_word_embeddings;
   std::map<std::string, Shape> shapes;
   for (const WeightSpec& w : falcon_weight_specs(config, has_lm_head)) shapes[w.name] = w.shape;
@@ -116,7 +113,26 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
   m.ln_f_w_ = load("transformer.ln_f.weight");
   m.ln_f_b_ = load("transformer.ln_f.bias");
   m.lm_head_ = has_lm_head ? load("lm_head.weight") : m.word_embeddings_;
+  if (config.alibi) {
+    // A tensor-parallel rank's config holds its own heads: the slopes of its range.
+    const int64_t total = config.tp_total_heads > 0 ? config.tp_total_heads : config.n_heads;
+    const int64_t left = total - config.tp_first_head;  // global heads from the first on
+    const int64_t own = left < config.n_heads ? left : config.n_heads;
+    std::vector<float> slopes = alibi_slopes(total, config.tp_first_head, own);
+    slopes.resize(config.n_heads, 0.0f);  // padding heads (split GQA groups) add nothing
+    m.set_alibi_slopes(slopes);
+  }
   return m;
+}
+
+void FalconModel::set_alibi_slopes(const std::vector<float>& slopes) {
+  KESTREL_CHECK(config_.alibi, "set_alibi_slopes: the model's config has no alibi");
+  KESTREL_CHECK(static_cast<int64_t>(slopes.size()) == config_.n_heads,
+                "set_alibi_slopes: ", slopes.size(), " slopes for ", config_.n_heads,
+                " query heads");
+  Tensor host = Tensor::empty(DType::kF32, {config_.n_heads});
+  std::copy(slopes.begin(), slopes.end(), host.data<float>());
+  alibi_slopes_ = ops::to_device(host, device_);
 }
 
 KvCache FalconModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const {
@@ -200,7 +216,7 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   auto empty = [&](Shape s) { return Tensor::empty(act, std::move(s), dev); };
 
   std::vector<float> cos_h, sin_h;
-  rope_tables(b, cos_h, sin_h);
+  if (!c.alibi) rope_tables(b, cos_h, sin_h);
   int32_t max_kv_len = 0, max_q_len = 0;
   for (int32_t len : b.kv_lens) max_kv_len = std::max(max_kv_len, len);
   for (int64_t s = 0; s < n_seqs; ++s)
@@ -211,8 +227,11 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   const Tensor cu_q = ops::to_device(host_tensor(b.cu_seqlens, {n_seqs + 1}), dev);
   const Tensor kv_lens = ops::to_device(host_tensor(b.kv_lens, {n_seqs}), dev);
   const Tensor tables = ops::to_device(host_tensor(b.block_tables, {n_seqs, b.max_blocks}), dev);
-  const Tensor cos = ops::to_device(host_tensor(cos_h, {n_tokens, d / 2}), dev);
-  const Tensor sin = ops::to_device(host_tensor(sin_h, {n_tokens, d / 2}), dev);
+  // ALiBi models: no rotary (undefined tables); attention adds the slopes' bias.
+  const Tensor cos =
+      c.alibi ? Tensor() : ops::to_device(host_tensor(cos_h, {n_tokens, d / 2}), dev);
+  const Tensor sin =
+      c.alibi ? Tensor() : ops::to_device(host_tensor(sin_h, {n_tokens, d / 2}), dev);
 
   Tensor x = empty({n_tokens, hidden});
   if (tp_.comm) {
@@ -240,7 +259,7 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
     ops::qkv_rotary(qkv, cos, sin, q, k, v);
     ops::kv_write(k, v, slots, cache.k(l), cache.v(l));
     ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
-                         max_q_len);
+                         max_q_len, alibi_slopes_);
     ops::linear(attn.view({n_tokens, c.n_heads * d}), w.dense_w, w.dense_b, attn_out);
     if (c.parallel_attn) {
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;

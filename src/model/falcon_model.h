@@ -58,6 +58,12 @@ class FalconModel {
   // KV cache bytes of one block over all layers and every rank's K/V heads.
   int64_t kv_bytes_per_block(int64_t block_size) const;
 
+  // ALiBi models: the slopes of this model's query heads (alibi_slopes(n_heads,
+  // 0, n_heads) from load; a tensor-parallel rank sets those of its own range,
+  // and tests set wrong ones). Throws unless the config has alibi and there is
+  // one slope per head.
+  void set_alibi_slopes(const std::vector<float>& slopes);
+
   // A KV cache shaped for this model.
   KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;
 
@@ -96,7 +102,8 @@ class FalconModel {
   Tensor word_embeddings_;  // [vocab, hidden]
   std::vector<FalconLayerWeights> layers_;
   Tensor ln_f_w_, ln_f_b_;
-  Tensor lm_head_;  // [vocab, hidden]; shares word_embeddings_ when tied
+  Tensor lm_head_;       // [vocab, hidden]; shares word_embeddings_ when tied
+  Tensor alibi_slopes_;  // [n_heads] F32 on the device (ALiBi models only)
   // Tensor parallelism: on a rank, word_embeddings_ holds its vocabulary rows plus one zero row
   // (out-of-range ids look it up) and lm_head_ its rows padded to the largest rank's count.
   TpRank tp_;

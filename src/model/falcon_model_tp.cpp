@@ -129,9 +129,6 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
                 "tensor parallelism over several GPUs needs one CUDA stream per device in the "
                 "CUDA backend, which it does not have yet; run --tensor-parallel ",
                 n, " with --device cpu, or 1 on CUDA");
-  KESTREL_CHECK(!config.alibi,
-                "ALiBi position bias (config \"alibi\": true) is not supported "
-                "yet; kestrel runs rotary Falcon models");
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");

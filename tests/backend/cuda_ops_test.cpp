@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "model/alibi.h"
 #ifdef KESTREL_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
@@ -166,6 +167,25 @@ TEST(CudaOps, QkvRotary) {
   }
 }
 
+// ALiBi models: no cos/sin tables, the rows are only split (any head_dim).
+TEST(CudaOps, QkvSplitWithoutRotary) {
+  REQUIRE_GPU();
+  for (auto [n, heads, kv_heads, d] :
+       {std::tuple{7, 12, 12, 64}, {3, 4, 1, 33}, {5, 8, 2, 128}, {40, 32, 32, 64}}) {
+    Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
+    Tensor q = Tensor::empty(DType::kF32, {n, heads, d});
+    Tensor k = Tensor::empty(DType::kF32, {n, kv_heads, d}),
+           v = Tensor::empty(DType::kF32, {n, kv_heads, d});
+    ops::qkv_rotary(qkv, Tensor(), Tensor(), q, k, v);
+    Tensor gq = poisoned_gpu({n, heads, d}), gk = poisoned_gpu({n, kv_heads, d}),
+           gv = poisoned_gpu({n, kv_heads, d});
+    ops::qkv_rotary(to_gpu_bf16(qkv), Tensor(), Tensor(), gq, gk, gv);
+    EXPECT_EQ(gpu_error(gq, q), 0.0) << heads << "/" << kv_heads << " d" << d;
+    EXPECT_EQ(gpu_error(gk, k), 0.0);
+    EXPECT_EQ(gpu_error(gv, v), 0.0);
+  }
+}
+
 TEST(CudaOps, GatherRowsAndArgmax) {
   REQUIRE_GPU();
   Tensor x = random_host({40, 333});
@@ -200,6 +220,7 @@ struct AttnCase {
   std::string name;
   int64_t n_heads, n_kv_heads, head_dim, block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;  // (q_len, kv_len)
+  bool alibi = false;                             // with ALiBi slopes of n_heads heads
 };
 
 std::vector<AttnCase> attention_cases() {
@@ -221,6 +242,15 @@ std::vector<AttnCase> attention_cases() {
                    {{1, 1}, {1, 16}, {1, 17}, {1, 161}, {1, 1023}, {1, 2048}, {1, 5}, {1, 333}}});
   cases.push_back({"mqa4_d16_generic", 4, 1, 16, 16, {{50, 50}, {1, 20}}});
   cases.push_back({"gqa12x4_d32_generic", 12, 4, 32, 32, {{3, 40}, {9, 9}}});
+  // ALiBi: the bias of absolute key positions (past 256, where bf16 rounds them),
+  // prefill, chunks over cached context, decode with split-KV, GQA rows of one tile.
+  cases.push_back({"alibi_mha12_d64_prefill", 12, 12, 64, 16, {{3, 3}, {30, 30}, {75, 75}}, true});
+  cases.push_back(
+      {"alibi_mha32_d64_decode_b4", 32, 32, 64, 16, {{1, 2000}, {1, 300}, {1, 17}, {1, 1}}, true});
+  cases.push_back(
+      {"alibi_mha32_d64_chunked_bs32", 32, 32, 64, 32, {{64, 700}, {1, 1500}, {100, 100}}, true});
+  cases.push_back({"alibi_gqa8x2_d128_decode_ctx4097", 8, 2, 128, 16, {{1, 4097}, {5, 600}}, true});
+  cases.push_back({"alibi_mha6_d32_generic", 6, 6, 32, 16, {{20, 50}, {1, 600}}, true});
   return cases;
 }
 
@@ -263,8 +293,15 @@ void run_attention_case(const AttnCase& c) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   Tensor t_tables = host_i32(tables, {n_seqs, max_blocks});
   Tensor t_cu = host_i32(cu, {n_seqs + 1}), t_lens = host_i32(lens, {n_seqs});
+  Tensor slopes;
+  if (c.alibi) {
+    const std::vector<float> s = alibi_slopes(c.n_heads, 0, c.n_heads);
+    slopes = Tensor::empty(DType::kF32, {c.n_heads});
+    std::copy(s.begin(), s.end(), slopes.data<float>());
+  }
   Tensor ref = Tensor::empty(DType::kF32, q.shape());
-  ops::paged_attention(q, kc, vc, t_tables, t_cu, t_lens, max_kv, scale, ref);
+  ops::paged_attention(q, kc, vc, t_tables, t_cu, t_lens, max_kv, scale, ref, 0, slopes);
+  const Tensor g_slopes = ops::to_device(slopes, Device::kCuda);
 
   const Tensor gq = to_gpu_bf16(q), gk = to_gpu_bf16(kc), gv = to_gpu_bf16(vc);
   const Tensor g_tables = ops::to_device(t_tables, Device::kCuda);
@@ -277,7 +314,7 @@ void run_attention_case(const AttnCase& c) {
     cuda::set_attention_kernel(kernel);
     for (int32_t mq : {max_q, 0}) {
       Tensor out = poisoned_gpu(q.shape());
-      ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq);
+      ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
       EXPECT_LE(gpu_error(out, ref), kAttentionBound)
           << c.name << " kernel " << kernel << " max_q_len " << mq;
     }

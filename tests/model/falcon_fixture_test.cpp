@@ -65,7 +65,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
                                            "falcon40b-gqa", "legacy-rw-40b-config",
                                            "rw-mha-sequential-bias", "falcon180b-gqa-untied",
                                            "falcon2-11b-style", "falcon40b-hd64-gqa",
-                                           "falcon7b-hd128-mqa", "e2e-falcon7b-fullvocab"),
+                                           "falcon7b-hd128-mqa", "e2e-falcon7b-fullvocab",
+                                           "rw-alibi-mha"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)

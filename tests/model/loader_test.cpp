@@ -1,5 +1,5 @@
 // Model loading refuses checkpoints that do not match their config, with an
-// error naming the tensor and the numbers, and the ALiBi layout until it exists.
+// error naming the tensor and the numbers.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -116,16 +116,19 @@ TEST_F(LoaderTest, OnlyPytorchBin) {
   EXPECT_NE(err.find("Convert the folder"), std::string::npos) << err;
 }
 
-TEST(Loader, AlibiIsNotSupportedYet) {
+// ALiBi checkpoints load (tests/model/alibi_test.cpp checks their numerics);
+// slopes that do not fit the model are refused.
+TEST(Loader, AlibiSlopesMustFitTheModel) {
+  FalconModel alibi = FalconModel::load(fixture_dir("rw-alibi-mha"));
+  EXPECT_TRUE(alibi.config().alibi);
   try {
-    WeightStore empty_store = WeightStore::open_folder(fixture_dir("falcon7b-mqa-parallel"));
-    FalconModel::from_store(FalconConfig::from_model_dir(fixture_dir("rw-alibi-mha")), empty_store,
-                            Device::kCpu);
-    FAIL() << "ALiBi accepted";
+    alibi.set_alibi_slopes(std::vector<float>(8, 0.5f));
+    FAIL() << "8 slopes accepted for 12 heads";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ALiBi"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("8 slopes for 12"), std::string::npos) << e.what();
   }
+  FalconModel rotary = FalconModel::load(fixture_dir("falcon7b-mqa-parallel"));
+  EXPECT_THROW(rotary.set_alibi_slopes(std::vector<float>(rotary.config().n_heads, 0.5f)), Error);
 }
 
 TEST(Forward, BadTokenIdIsAnError) {

@@ -83,7 +83,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, PagedConsistencyTest,
                          ::testing::Values("falcon7b-mqa-parallel", "falcon40b-gqa",
                                            "rw-mha-sequential-bias", "falcon180b-gqa-untied",
                                            "falcon2-11b-style", "falcon40b-hd64-gqa",
-                                           "falcon7b-hd128-mqa"),
+                                           "falcon7b-hd128-mqa", "rw-alibi-mha"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)

@@ -59,9 +59,9 @@ void expect_same(const RunResult& got, const RunResult& single) {
 }
 
 const std::vector<std::string> kBaseFixtures = {
-    "falcon7b-mqa-parallel",  "legacy-rw-7b-config",   "falcon40b-gqa",     "legacy-rw-40b-config",
-    "rw-mha-sequential-bias", "falcon180b-gqa-untied", "falcon2-11b-style", "falcon40b-hd64-gqa",
-    "falcon7b-hd128-mqa",     "e2e-falcon7b-fullvocab"};
+    "falcon7b-mqa-parallel",  "legacy-rw-7b-config",    "falcon40b-gqa",     "legacy-rw-40b-config",
+    "rw-mha-sequential-bias", "falcon180b-gqa-untied",  "falcon2-11b-style", "falcon40b-hd64-gqa",
+    "falcon7b-hd128-mqa",     "e2e-falcon7b-fullvocab", "rw-alibi-mha"};
 
 class TpFixtureTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 

@@ -1,18 +1,27 @@
 // CPU attention over the paged KV cache: every (new token, head) pair scores
 // its causal context block by block, softmax in fp32, then the weighted sum of
 // values. One code path for prefill, decode, chunked prefill and cached prefixes.
+// ALiBi adds bf16(bf16(slope) * bf16(key position)) to q.k before the scale.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace kestrel::cpu {
+namespace {
+
+inline float round_bf16(float x) {
+  return bf16_to_f32(f32_to_bf16(x));
+}
+
+}  // namespace
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out) {
+                     int32_t max_kv_len, float scale, Tensor& out, const Tensor& alibi_slopes) {
   const int64_t n_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t num_blocks = k_cache.dim(0), block_size = k_cache.dim(1);
   const int64_t n_kv_heads = k_cache.dim(2), group = n_heads / n_kv_heads;
@@ -20,6 +29,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   const int32_t* cu = cu_q.data<int32_t>();
   const int32_t* lens = kv_lens.data<int32_t>();
   const int32_t* tables = block_tables.data<int32_t>();
+  const float* slopes = alibi_slopes.defined() ? alibi_slopes.data<float>() : nullptr;
 
   // Validate the layout once, so that the parallel loop cannot read out of bounds.
   std::vector<int64_t> work_begin(n_seqs + 1, 0);  // prefix sum of (q_len * n_heads)
@@ -57,6 +67,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       const int64_t row = cu[b] + j;
       const float* qv = q.data<float>() + (row * n_heads + h) * head_dim;
       const int32_t* table = tables + b * max_blocks;
+      const float slope = slopes ? round_bf16(slopes[h]) : 0.0f;
 
       float max_score = -INFINITY;
       for (int64_t p = 0; p < ctx; ++p) {
@@ -66,6 +77,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kv[i];
+        if (slopes) dot += round_bf16(slope * round_bf16(static_cast<float>(p)));
         scores[p] = dot * scale;
         max_score = std::max(max_score, scores[p]);
       }

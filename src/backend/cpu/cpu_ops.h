@@ -19,7 +19,7 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
               Tensor& v_cache);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out);
+                     int32_t max_kv_len, float scale, Tensor& out, const Tensor& alibi_slopes);
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 
 }  // namespace kestrel::cpu

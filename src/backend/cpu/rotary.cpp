@@ -1,5 +1,6 @@
-// CPU split of the fused query_key_value rows with NeoX rotary on q and k, and
-// the write of new keys and values into their cache slots.
+// CPU split of the fused query_key_value rows with NeoX rotary on q and k (or
+// none, for ALiBi models), and the write of new keys and values into their
+// cache slots.
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -26,19 +27,25 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
   const int64_t n_tokens = q.dim(0), n_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t n_kv_heads = k.dim(1), group = n_heads / n_kv_heads, half = head_dim / 2;
   const int64_t row = qkv.dim(1);
+  const bool rotary = cos.defined();  // undefined: split only (ALiBi models)
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float* src = qkv.data<float>() + t * row;
-    const float* c = cos.data<float>() + t * half;
-    const float* s = sin.data<float>() + t * half;
+    const float* c = rotary ? cos.data<float>() + t * half : nullptr;
+    const float* s = rotary ? sin.data<float>() + t * half : nullptr;
+    auto put = [&](const float* from, float* to) {
+      if (rotary) {
+        rotate(from, c, s, head_dim, to);
+      } else {
+        std::memcpy(to, from, sizeof(float) * head_dim);
+      }
+    };
     for (int64_t g = 0; g < n_kv_heads; ++g) {
       const float* gp = src + g * (group + 2) * head_dim;
       for (int64_t h = 0; h < group; ++h) {
-        rotate(gp + h * head_dim, c, s, head_dim,
-               q.data<float>() + (t * n_heads + g * group + h) * head_dim);
+        put(gp + h * head_dim, q.data<float>() + (t * n_heads + g * group + h) * head_dim);
       }
-      rotate(gp + group * head_dim, c, s, head_dim,
-             k.data<float>() + (t * n_kv_heads + g) * head_dim);
+      put(gp + group * head_dim, k.data<float>() + (t * n_kv_heads + g) * head_dim);
       std::memcpy(v.data<float>() + (t * n_kv_heads + g) * head_dim, gp + (group + 1) * head_dim,
                   sizeof(float) * head_dim);
     }

@@ -9,6 +9,8 @@
 //     query head of the group (falcon-7b: 71 heads on 1 K/V head). K/V tiles are
 //     gathered from the pages with cp.async; the context may be split over
 //     blocks (flash-decoding) and merged by attention_combine.
+// Both add ALiBi's bias bf16(bf16(slope) * bf16(key position)) to q.k before
+// the scale when given slopes (positions absolute: chunks and splits agree).
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -23,6 +25,16 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float bf(uint16_t h) {
   return __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+// ALiBi bias of key position pos for a slope already rounded to bf16 (as
+// transformers' build_alibi_tensor: bf16 slope times bf16 position, in bf16).
+__device__ __forceinline__ float alibi_bias(float slope_bf16, int pos) {
+  return round_bf16(slope_bf16 * round_bf16(static_cast<float>(pos)));
 }
 
 // The sequence that row t of q belongs to: the last b with cu_q[b] <= t.
@@ -64,6 +76,9 @@ __global__ void attention_generic_kernel(AttentionParams p) {
     qv[i] = (i < per_lane && dim < d) ? bf(qp[dim]) * p.scale * kLog2e : 0.0f;
     acc[i] = 0.0f;
   }
+  const float* slopes = p.alibi_slopes;
+  const float slope = slopes ? round_bf16(slopes[h]) : 0.0f;
+  const float scale_log2 = p.scale * kLog2e;
   float m = -INFINITY, l = 0.0f;
   for (int pos = warp; pos < ctx; pos += kGenericWarps) {
     const int32_t blk = table[pos / p.block_size];
@@ -77,6 +92,7 @@ __global__ void attention_generic_kernel(AttentionParams p) {
       if (i < per_lane && dim < d) dot += qv[i] * bf(p.k_cache[base + dim]);
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (slopes) dot += alibi_bias(slope, pos) * scale_log2;
     const float m_new = fmaxf(m, dot);
     const float alpha = exp2f(m - m_new), w = exp2f(dot - m_new);
     l = l * alpha + w;
@@ -217,10 +233,13 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   // Each thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16).
   int ctx_row[2];
+  float slope_row[2];  // ALiBi slope of the row's head, rounded to bf16
+  const float* slopes = p.alibi_slopes;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int row = row0 + warp * 16 + lane / 4 + i * 8;
     ctx_row[i] = row < m_rows ? kv_len - q_len + row / group + 1 : 0;
+    slope_row[i] = slopes && row < m_rows ? round_bf16(slopes[g * group + row % group]) : 0.0f;
   }
   float o_acc[D / 8][4];
 #pragma unroll
@@ -270,7 +289,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int key = n0 + nt * 8 + (lane % 4) * 2 + (e % 2);
         const int i = e / 2;
         const bool ok = key < ctx_row[i] && key < k_end;
-        s[nt][e] = ok ? s[nt][e] * scale_log2 : -INFINITY;
+        const float bias = slopes ? alibi_bias(slope_row[i], key) : 0.0f;
+        s[nt][e] = ok ? (s[nt][e] + bias) * scale_log2 : -INFINITY;
         row_max[i] = fmaxf(row_max[i], s[nt][e]);
       }
     }

@@ -102,13 +102,15 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
 void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
                 Tensor& v) {
   need("qkv_rotary", "qkv", qkv, DType::kBF16);
-  need("qkv_rotary", "cos", cos, DType::kF32);
-  need("qkv_rotary", "sin", sin, DType::kF32);
+  const bool rotary = cos.defined();  // undefined: split only (ALiBi models)
+  if (rotary) need("qkv_rotary", "cos", cos, DType::kF32);
+  if (rotary) need("qkv_rotary", "sin", sin, DType::kF32);
   need("qkv_rotary", "q", q, DType::kBF16);
   need("qkv_rotary", "k", k, DType::kBF16);
   need("qkv_rotary", "v", v, DType::kBF16);
-  kernels::qkv_rotary(bf(qkv), cos.data<float>(), sin.data<float>(), q.dim(0), q.dim(1), k.dim(1),
-                      q.dim(2), bf_mut(q), bf_mut(k), bf_mut(v), stream());
+  kernels::qkv_rotary(bf(qkv), rotary ? cos.data<float>() : nullptr,
+                      rotary ? sin.data<float>() : nullptr, q.dim(0), q.dim(1), k.dim(1), q.dim(2),
+                      bf_mut(q), bf_mut(k), bf_mut(v), stream());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -126,8 +128,10 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
-                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len) {
+                     int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len,
+                     const Tensor& alibi_slopes) {
   need("paged_attention", "q", q, DType::kBF16);
+  if (alibi_slopes.defined()) need("paged_attention", "alibi_slopes", alibi_slopes, DType::kF32);
   need("paged_attention", "k_cache", k_cache, DType::kBF16);
   need("paged_attention", "v_cache", v_cache, DType::kBF16);
   need("paged_attention", "block_tables", block_tables, DType::kI32);
@@ -153,6 +157,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   p.max_kv_len = max_kv_len;
   p.max_q_len = max_q_len > 0 ? max_q_len : static_cast<int32_t>(q.dim(0));
   p.scale = scale;
+  p.alibi_slopes = alibi_slopes.defined() ? alibi_slopes.data<float>() : nullptr;
   if (p.n_tokens == 0 || p.n_seqs == 0) return;
   const int which = attention_kernel();
   if (which != 1 && kernels::attention_mma_supported(p)) {

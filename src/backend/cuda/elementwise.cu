@@ -314,6 +314,13 @@ __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const f
   if (hs >= n_kv_heads * (group + 2)) return;
   const int64_t g = hs / (group + 2), slot = hs % (group + 2);
   const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + hs * head_dim;
+  if (cos == nullptr) {  // no rotation (ALiBi models): split only
+    uint16_t* dst = slot < group    ? q + (t * n_heads + g * group + slot) * head_dim
+                    : slot == group ? k + (t * n_kv_heads + g) * head_dim
+                                    : v + (t * n_kv_heads + g) * head_dim;
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = src[i];
+    return;
+  }
   const float* c = cos + t * half;
   const float* s = sin + t * half;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {

@@ -41,7 +41,7 @@ void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, i
 void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cudaStream_t s);
 
 // qkv [T, n_kv_heads * (group + 2) * d] -> q [T, n_heads, d] and k [T, n_kv_heads, d]
-// rotated (NeoX), v [T, n_kv_heads, d]; cos, sin [T, d / 2] F32.
+// rotated (NeoX), v [T, n_kv_heads, d]; cos, sin [T, d / 2] F32, or both null: no rotation.
 void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,
                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, uint16_t* q, uint16_t* k,
                 uint16_t* v, cudaStream_t s);
@@ -63,6 +63,8 @@ struct AttentionParams {
   int32_t max_kv_len = 0;
   int32_t max_q_len = 0;  // bound on cu_q[b+1] - cu_q[b] (sizes the grid)
   float scale = 1.0f;
+  // [n_heads] ALiBi slopes or null: score = (q.k + bf16(bf16(slope) * bf16(key pos))) * scale.
+  const float* alibi_slopes = nullptr;
 };
 // One block per (token, head); any head_dim up to 256. Always correct, slow for long prefill.
 void attention_generic(const AttentionParams& p, cudaStream_t s);
