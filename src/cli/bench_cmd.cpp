@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "model/falcon_model.h"
+#include "model/falcon_weights.h"
 #ifdef KESTREL_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
@@ -59,11 +60,16 @@ FalconConfig preset_config(const std::string& name) {
     c.hidden_size = 4096, c.n_layers = 60, c.n_heads = 32, c.n_kv_heads = 8;
     c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 1;
     c.rope_theta = 500042.0, c.max_position_embeddings = 8192;
+  } else if (name == "falcon-rw-1b") {
+    // RefinedWeb 1B: ALiBi, full multi-head attention, sequential attention, biases.
+    c.vocab_size = 50304, c.hidden_size = 2048, c.n_layers = 24, c.n_heads = 32, c.n_kv_heads = 32;
+    c.alibi = true, c.bias = true, c.parallel_attn = false, c.bos_token_id = 1, c.eos_token_id = 2;
   } else if (name == "tiny") {
     c.vocab_size = 1024, c.hidden_size = 256, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 1;
     c.multi_query = true;
   } else {
-    KESTREL_FAIL("unknown preset \"", name, "\" (falcon-7b, falcon-40b, falcon2-11b or tiny)");
+    KESTREL_FAIL("unknown preset \"", name,
+                 "\" (falcon-7b, falcon-40b, falcon2-11b, falcon-rw-1b or tiny)");
   }
   c.ffn_hidden_size = 4 * c.hidden_size;
   return FalconConfig::from_json(c.to_json(), "bench preset " + name);
@@ -210,9 +216,12 @@ void run_bench(const BenchArgs& a) {
   const double load_s = now_s() - t_load;
   const FalconConfig& c = model.config();
   const Costs costs = model_costs(c);
+  int64_t n_params = 0;
+  for (const WeightSpec& w : falcon_weight_specs(c, !c.tie_word_embeddings))
+    n_params += shape_numel(w.shape);
   if (!a.json)
-    std::printf("model %s on %s, loaded in %.2f s\n", c.summary().c_str(), a.device.c_str(),
-                load_s);
+    std::printf("model %s (%.2f B parameters) on %s, loaded in %.2f s\n", c.summary().c_str(),
+                n_params / 1e9, a.device.c_str(), load_s);
 
   std::mt19937 rng(1234);
   nlohmann::json out;
@@ -328,7 +337,7 @@ void add_bench_command(CLI::App& app) {
   auto* model = cmd->add_option("--model", a.model_dir, "model folder");
   auto* preset = cmd->add_option("--preset", a.preset,
                                  "random weights on the device: falcon-7b, falcon-40b, "
-                                 "falcon2-11b or tiny");
+                                 "falcon2-11b, falcon-rw-1b or tiny");
   model->excludes(preset);
   cmd->add_option("--layers", a.layers, "override the preset's layer count");
   cmd->add_option("--prefill", a.prefill, "BxL,...: B prompts of L tokens in one step")

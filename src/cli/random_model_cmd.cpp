@@ -35,12 +35,16 @@ FalconConfig preset(const std::string& name) {
     c.hidden_size = 4096, c.n_layers = 60, c.n_heads = 32, c.n_kv_heads = 8;
     c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 1;
     c.rope_theta = 500042.0, c.max_position_embeddings = 8192;
+  } else if (name == "falcon-rw-1b") {
+    // RefinedWeb 1B: ALiBi, full multi-head attention, sequential attention, biases.
+    c.vocab_size = 50304, c.hidden_size = 2048, c.n_layers = 24, c.n_heads = 32, c.n_kv_heads = 32;
+    c.alibi = true, c.bias = true, c.parallel_attn = false, c.bos_token_id = 1, c.eos_token_id = 2;
   } else if (name == "tiny") {
     c.vocab_size = 1024, c.hidden_size = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 1;
     c.multi_query = true;
   } else {
     KESTREL_FAIL("unknown preset \"", name,
-                 "\" (falcon-7b, falcon-40b, falcon-180b, falcon2-11b or tiny)");
+                 "\" (falcon-7b, falcon-40b, falcon-180b, falcon2-11b, falcon-rw-1b or tiny)");
   }
   c.ffn_hidden_size = 4 * c.hidden_size;
   return c;
@@ -129,7 +133,9 @@ void run_random_model(const RandomArgs& a) {
   std::filesystem::create_directories(a.out);
   std::vector<TensorSpec> specs;
   const DType dt = c.dtype;
+  int64_t n_params = 0;
   for (const WeightSpec& w : falcon_weight_specs(c, /*with_lm_head=*/!c.tie_word_embeddings)) {
+    n_params += shape_numel(w.shape);
     const bool is_norm =
         w.name.find("ln") != std::string::npos || w.name.find("layernorm") != std::string::npos;
     const bool is_bias = w.name.size() > 5 && w.name.compare(w.name.size() - 5, 5, ".bias") == 0;
@@ -150,6 +156,7 @@ void run_random_model(const RandomArgs& a) {
   }
   write_sharded_safetensors(a.out, specs, static_cast<size_t>(a.shard_mb) << 20);
   spdlog::info("wrote random {} ({}) to {}", a.preset, c.summary(), a.out);
+  std::printf("parameters: %lld (%.2f B)\n", static_cast<long long>(n_params), n_params / 1e9);
 }
 
 }  // namespace
@@ -158,7 +165,8 @@ void add_random_model_command(CLI::App& app) {
   static RandomArgs a;
   CLI::App* cmd = app.add_subcommand(
       "random-model", "write a Falcon model folder with random weights at real shapes");
-  cmd->add_option("--preset", a.preset, "falcon-7b, falcon-40b, falcon-180b, falcon2-11b or tiny")
+  cmd->add_option("--preset", a.preset,
+                  "falcon-7b, falcon-40b, falcon-180b, falcon2-11b, falcon-rw-1b or tiny")
       ->capture_default_str();
   cmd->add_option("--out", a.out, "output folder")->required();
   cmd->add_option("--layers", a.layers, "override the layer count");

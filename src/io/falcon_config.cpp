@@ -241,7 +241,7 @@ std::string FalconConfig::summary() const {
     << " layers, hidden " << hidden_size << ", " << n_heads << " heads x " << head_dim << ", "
     << n_kv_heads << " kv heads, ffn " << ffn_hidden_size << ", vocab " << vocab_size
     << (parallel_attn ? ", parallel" : ", sequential") << (bias ? ", bias" : "")
-    << (tie_word_embeddings ? ", tied lm_head" : ", own lm_head");
+    << (alibi ? ", alibi" : "") << (tie_word_embeddings ? ", tied lm_head" : ", own lm_head");
   return s.str();
 }
 
