@@ -1,6 +1,8 @@
 // Input checks and device dispatch for every op, in one place.
 #include "backend/ops.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -312,6 +314,98 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
       if (p[i] > p[best]) best = i;
     out.data<int32_t>()[r] = static_cast<int32_t>(best);
   }
+}
+
+void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
+  expect("greedy_rows", "logits", logits, DType::kF32, 2);
+  expect("greedy_rows", "ids", ids, DType::kI32, 1);
+  expect("greedy_rows", "logprobs", logprobs, DType::kF32, 1);
+  KESTREL_CHECK(
+      ids.dim(0) == logits.dim(0) && logprobs.dim(0) == logits.dim(0) && logits.dim(1) > 0,
+      "greedy_rows: logits ", shape_str(logits.shape()), ", ids ", shape_str(ids.shape()),
+      ", logprobs ", shape_str(logprobs.shape()));
+  same_device("greedy_rows", logits, ids);
+  same_device("greedy_rows", logits, logprobs);
+#ifdef KESTREL_CUDA
+  if (logits.device() == Device::kCuda) {
+    cuda::greedy_rows(logits, ids, logprobs);
+    return;
+  }
+#endif
+  KESTREL_CHECK(logits.device() == Device::kCpu, "greedy_rows: built without CUDA");
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    const float* p = logits.data<float>() + r * vocab;
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i)
+      if (p[i] > p[best]) best = i;
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(p[i] - p[best]));
+    ids.data<int32_t>()[r] = static_cast<int32_t>(best);
+    // The top token's probability is 1 / sum.
+    logprobs.data<float>()[r] = static_cast<float>(std::max(-std::log(sum), std::log(1e-38)));
+  }
+}
+
+DeviceMemory device_memory(Device device) {
+  DeviceMemory m;
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) {
+    const cuda::DeviceMemoryInfo d = cuda::device_memory_info();
+    const cuda::MemoryStats st = cuda::memory_stats();
+    m.free = static_cast<int64_t>(d.free);
+    m.total = static_cast<int64_t>(d.total);
+    m.reserved = static_cast<int64_t>(st.reserved);
+    m.in_use = static_cast<int64_t>(st.in_use);
+    m.peak_in_use = static_cast<int64_t>(st.peak_in_use);
+  }
+#else
+  (void)device;
+#endif
+  return m;
+}
+
+void reset_peak_memory(Device device) {
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) cuda::reset_peak_memory();
+#else
+  (void)device;
+#endif
+}
+
+void release_cached_memory(Device device) {
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) cuda::empty_cache();
+#else
+  (void)device;
+#endif
+}
+
+std::vector<SampleResult> sample_on_device(const Tensor& logits,
+                                           const std::vector<SampleSpec>& rows,
+                                           std::vector<uint8_t>* masks) {
+  expect("sample_on_device", "logits", logits, DType::kF32, 2);
+  KESTREL_CHECK(logits.dim(0) == static_cast<int64_t>(rows.size()) && logits.dim(1) > 0,
+                "sample_on_device: logits ", shape_str(logits.shape()), " for ", rows.size(),
+                " rows");
+  for (const SampleSpec& r : rows) {
+    KESTREL_CHECK(r.u >= 0.0 && r.u < 1.0, "sample_on_device: u must be in [0, 1), got ", r.u);
+    KESTREL_CHECK(r.temperature > 0.0f, "sample_on_device: temperature must be positive, got ",
+                  r.temperature);
+  }
+#ifdef KESTREL_CUDA
+  if (logits.device() == Device::kCuda) return cuda::sample_on_device(logits, rows, masks);
+#endif
+  KESTREL_FAIL("sample_on_device: logits must be on CUDA (the CPU samples in engine/sampler.cpp)");
+}
+
+size_t sampling_workspace_bytes(Device device, int64_t n_rows, int64_t vocab) {
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) return cuda::sampling_workspace_bytes(n_rows, vocab);
+#else
+  (void)device, (void)n_rows, (void)vocab;
+#endif
+  return 0;
 }
 
 }  // namespace kestrel::ops

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -85,5 +87,56 @@ void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 
 // out[i] = argmax of row i of logits [N, vocab] F32 (the first on ties); out [N] I32.
 void argmax_rows(const Tensor& logits, Tensor& out);
+
+// Greedy picks with their log-probabilities: ids[i] = argmax of row i of
+// logits [N, vocab] F32 (the first on ties), logprobs[i] = its log-softmax
+// (clamped at log(1e-38), as the host sampler). ids [N] I32, logprobs [N] F32.
+void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
+
+// Device memory as the driver sees it (free, total) and what kestrel's
+// allocator holds (reserved from the driver, in use, peak in use since the
+// last reset). All zero for the CPU.
+struct DeviceMemory {
+  int64_t free = 0, total = 0;
+  int64_t reserved = 0, in_use = 0, peak_in_use = 0;
+};
+DeviceMemory device_memory(Device device);
+// Resets the peak to what is in use now, and returns cached free blocks to
+// the driver (both no-ops on the CPU).
+void reset_peak_memory(Device device);
+void release_cached_memory(Device device);
+
+// Sampling on the device with engine/sampler.cpp's semantics (that is the CPU
+// reference): per row, penalties over `seen` (prompt + generated ids, for
+// repetition_penalty) and `generated` (id, count), temperature, softmax, the
+// top_k / top_p / typical_p masks over the probabilities sorted most likely
+// first (ties by id), and the token where the kept mass walked in id order
+// passes u * kept total. u is the request's one uniform draw in [0, 1) for the
+// token (the host draws it from the request's generator, so a seed reproduces
+// the same tokens on either device); greedy rows take the argmax.
+struct SampleSpec {
+  bool do_sample = false;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f, typical_p = 1.0f;
+  float repetition_penalty = 1.0f, frequency_penalty = 0.0f, presence_penalty = 0.0f;
+  int32_t top_n = 0;  // alternatives wanted
+  double u = 0.0;
+  std::vector<int32_t> seen;
+  std::vector<std::pair<int32_t, int32_t>> generated;
+};
+struct SampleResult {
+  int32_t id = 0;
+  float logprob = 0.0f;  // log-softmax of the processed logits (before the masks)
+  std::vector<std::pair<int32_t, float>> alternatives;  // top_n most likely (id, logprob)
+};
+// logits [rows.size(), vocab] F32 on CUDA. masks (tests): when given, the keep
+// flags [rows.size() * vocab] of the sampled rows.
+std::vector<SampleResult> sample_on_device(const Tensor& logits,
+                                           const std::vector<SampleSpec>& rows,
+                                           std::vector<uint8_t>* masks = nullptr);
+// Device scratch sample_on_device takes for n_rows rows (typical_p included;
+// 0 on the CPU), for sizing the KV cache.
+size_t sampling_workspace_bytes(Device device, int64_t n_rows, int64_t vocab);
 
 }  // namespace kestrel::ops

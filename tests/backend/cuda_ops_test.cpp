@@ -214,6 +214,47 @@ TEST(CudaOps, GatherRowsAndArgmax) {
   }
 }
 
+// Greedy ids and their log-softmax on the GPU against the CPU op (ids exact;
+// the CPU op against a float64 log-softmax first).
+TEST(CudaOps, GreedyRowsMatchCpu) {
+  REQUIRE_GPU();
+  for (auto [n, vocab] :
+       {std::pair<int64_t, int64_t>{1, 7}, {9, 65024}, {128, 65024}, {3, 50000}}) {
+    Tensor logits = random_host({n, vocab}, -8.0f, 8.0f);
+    logits.data<float>()[vocab - 1] = 30.0f;  // row 0: a peaked maximum at the end
+    if (n > 2) {
+      logits.data<float>()[2 * vocab + 1] = 9.0f;  // row 2: a tie, the first wins
+      logits.data<float>()[2 * vocab + 3] = 9.0f;
+    }
+    Tensor want_ids = Tensor::empty(DType::kI32, {n});
+    Tensor want_lp = Tensor::empty(DType::kF32, {n});
+    ops::greedy_rows(logits, want_ids, want_lp);
+    for (int64_t r = 0; r < n; ++r) {
+      const float* p = logits.data<float>() + r * vocab;
+      double m = p[0], sum = 0;
+      for (int64_t i = 0; i < vocab; ++i) m = std::max<double>(m, p[i]);
+      for (int64_t i = 0; i < vocab; ++i) sum += std::exp(p[i] - m);
+      EXPECT_NEAR(want_lp.data<float>()[r], -std::log(sum), 1e-5) << "cpu row " << r;
+    }
+    const Tensor dev = ops::to_device(logits, Device::kCuda);
+    Tensor ids = Tensor::empty(DType::kI32, {n}, Device::kCuda);
+    Tensor lps = Tensor::empty(DType::kF32, {n}, Device::kCuda);
+    ops::greedy_rows(dev, ids, lps);
+    const Tensor ids_h = ops::to_device(ids, Device::kCpu);
+    const Tensor lps_h = ops::to_host_f32(lps);
+    for (int64_t r = 0; r < n; ++r) {
+      EXPECT_EQ(ids_h.data<int32_t>()[r], want_ids.data<int32_t>()[r])
+          << n << "x" << vocab << " row " << r;
+      EXPECT_NEAR(lps_h.data<float>()[r], want_lp.data<float>()[r], 1e-4)
+          << n << "x" << vocab << " row " << r;
+    }
+    if (n > 2) {
+      EXPECT_EQ(ids_h.data<int32_t>()[2], 1);
+    }
+    EXPECT_EQ(ids_h.data<int32_t>()[0], vocab - 1);
+  }
+}
+
 // A paged attention problem: sequences (q_len, kv_len), their blocks shuffled
 // over a cache whose unused slots hold large values (a read of one shows).
 struct AttnCase {

@@ -99,6 +99,15 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
   CUDA_CHECK_LAUNCH();
 }
 
+void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
+  need("greedy_rows", "logits", logits, DType::kF32);
+  need("greedy_rows", "ids", ids, DType::kI32);
+  need("greedy_rows", "logprobs", logprobs, DType::kF32);
+  kernels::greedy_rows(logits.data<float>(), logits.dim(0), logits.dim(1), ids.data<int32_t>(),
+                       logprobs.data<float>(), stream());
+  CUDA_CHECK_LAUNCH();
+}
+
 void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
                 Tensor& v) {
   need("qkv_rotary", "qkv", qkv, DType::kBF16);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/ops.h"
 #include "core/tensor.h"
 
 namespace kestrel::cuda {
@@ -33,8 +34,16 @@ struct MemoryStats {
   size_t peak_in_use = 0;
 };
 MemoryStats memory_stats();
+// Sets the peak to what is in use now.
+void reset_peak_memory();
 // Returns cached free blocks to the driver.
 void empty_cache();
+// cudaMemGetInfo: bytes free and total on the device.
+struct DeviceMemoryInfo {
+  size_t free = 0;
+  size_t total = 0;
+};
+DeviceMemoryInfo device_memory_info();
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
@@ -51,6 +60,12 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const Tensor& alibi_slopes);
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 void argmax_rows(const Tensor& logits, Tensor& out);
+void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
+// ops::sample_on_device (sampling.cpp).
+std::vector<ops::SampleResult> sample_on_device(const Tensor& logits,
+                                                const std::vector<ops::SampleSpec>& rows,
+                                                std::vector<uint8_t>* masks);
+size_t sampling_workspace_bytes(int64_t n_rows, int64_t vocab);
 
 // Which attention kernel paged_attention uses: 0 automatic, 1 the generic
 // per-(token, head) kernel, 2 the tensor-core kernel (head_dim 64 / 128).

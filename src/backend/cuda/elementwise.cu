@@ -303,6 +303,48 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) 
   }
 }
 
+// One block per row: the argmax as argmax_kernel, then the row's sum of
+// exp(x - max) for the top token's log-softmax, -log(sum).
+__global__ void greedy_kernel(const float* logits, int64_t vocab, int32_t* ids, float* logprobs) {
+  __shared__ float best_v[32];
+  __shared__ int32_t best_i[32];
+  __shared__ float scratch[32];
+  const float* row = logits + blockIdx.x * vocab;
+  float bv = -FLT_MAX;
+  int32_t bi = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = row[i];
+    if (v > bv) bv = v, bi = static_cast<int32_t>(i);
+  }
+  auto better = [](float v, int32_t i, float ov, int32_t oi) {
+    return ov > v || (ov == v && oi < i);
+  };
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(bv, bi, ov, oi)) bv = ov, bi = oi;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
+  __syncthreads();
+  const int n_warps = blockDim.x / 32;
+  bv = lane < n_warps ? best_v[lane] : -FLT_MAX;
+  bi = lane < n_warps ? best_i[lane] : 0x7fffffff;
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (better(bv, bi, ov, oi)) bv = ov, bi = oi;
+  }
+  // Every warp now holds the row's max in bv.
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += __expf(row[i] - bv);
+  sum = block_sum(sum, scratch);
+  if (threadIdx.x == 0) {
+    ids[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    logprobs[blockIdx.x] = fmaxf(-logf(sum), -87.49823f);  // log(1e-38)
+  }
+}
+
 // grid (T, ceil(n_kv_heads * (group + 2) / 8)), block (32, 8): threadIdx.y picks
 // the head slot, thread x of a head rotates the pairs (i, i + d/2), i = x, x + 32...
 __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const float* sin,
@@ -428,6 +470,12 @@ void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, i
 void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cudaStream_t s) {
   if (n == 0) return;
   argmax_kernel<<<static_cast<unsigned>(n), 1024, 0, s>>>(logits, vocab, out);
+}
+
+void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
+                 cudaStream_t s) {
+  if (n == 0) return;
+  greedy_kernel<<<static_cast<unsigned>(n), 1024, 0, s>>>(logits, vocab, ids, logprobs);
 }
 
 void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,

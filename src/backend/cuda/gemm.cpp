@@ -42,6 +42,7 @@ struct Gemm {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   std::map<PlanKey, Plan> plans;
+  Tensor workspace_tensor;  // held for the process: cuBLASLt uses it on every call
 };
 
 Gemm& gemm() {
@@ -49,9 +50,11 @@ Gemm& gemm() {
     auto* st = new Gemm();
     ensure_device();
     CUBLAS_CHECK(cublasLtCreate(&st->handle));
-    st->workspace = Tensor::empty(DType::kU8, {static_cast<int64_t>(kWorkspaceBytes)},
-                                  Device::kCuda)
-                        .raw();  // the allocator keeps it: leaked on purpose
+    // Held by the Gemm (never destroyed): a temporary here would hand the block back to
+    // the allocator, which would give it to other tensors or free it (empty_cache).
+    st->workspace_tensor =
+        Tensor::empty(DType::kU8, {static_cast<int64_t>(kWorkspaceBytes)}, Device::kCuda);
+    st->workspace = st->workspace_tensor.raw();
     return st;
   }();
   return *g;

@@ -39,6 +39,9 @@ void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, i
                  void* out, cudaStream_t s);
 // out [n] = argmax of each row of logits [n, vocab] F32 (first on ties).
 void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cudaStream_t s);
+// ids [n] = argmax of each row of logits [n, vocab] F32, logprobs [n] its log-softmax.
+void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
+                 cudaStream_t s);
 
 // qkv [T, n_kv_heads * (group + 2) * d] -> q [T, n_heads, d] and k [T, n_kv_heads, d]
 // rotated (NeoX), v [T, n_kv_heads, d]; cos, sin [T, d / 2] F32, or both null: no rotation.
@@ -48,6 +51,41 @@ void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t
 // Caches [n_slots, row]; k, v [T, row]; slots [T]. A slot outside [0, n_slots) is skipped.
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
               int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s);
+
+// --- sampling (sampling.cu) --------------------------------------------------
+// One row's sampling parameters, as engine/sampler.cpp applies them; u is the
+// request's one uniform draw in [0, 1) for this token (unused when greedy).
+struct SampleRowParams {
+  int32_t do_sample = 0;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float typical_p = 1.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  int32_t top_n = 0;  // alternatives wanted (<= max_top_n)
+  double u = 0.0;
+};
+struct SampleRowsArgs {
+  const float* logits = nullptr;            // [n_rows, vocab]
+  const SampleRowParams* params = nullptr;  // [n_rows], device
+  const int32_t* seen_off = nullptr;        // [n_rows + 1] CSR into seen_ids (prompt + generated)
+  const int32_t* seen_ids = nullptr;
+  const int32_t* gen_off = nullptr;  // [n_rows + 1] CSR into gen_ids / gen_counts
+  const int32_t* gen_ids = nullptr;
+  const int32_t* gen_counts = nullptr;
+  int32_t* out_ids = nullptr;     // [n_rows]
+  float* out_logprobs = nullptr;  // [n_rows]
+  int32_t* alt_ids = nullptr;     // [n_rows, max_top_n]
+  float* alt_logprobs = nullptr;  // [n_rows, max_top_n]
+  uint8_t* keep_out = nullptr;    // optional [n_rows, vocab]: the masks (tests)
+  int64_t n_rows = 0, vocab = 0;
+  int32_t max_top_n = 0;
+  bool typical = false;  // some row has typical_p < 1
+};
+size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab, bool typical);
+void sample_rows(const SampleRowsArgs& args, void* workspace, cudaStream_t s);
 
 // --- attention ---------------------------------------------------------------
 struct AttentionParams {

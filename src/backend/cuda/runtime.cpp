@@ -77,6 +77,11 @@ class CachingAllocator {
     return stats_;
   }
 
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_in_use = stats_.in_use;
+  }
+
  private:
   static size_t round_size(size_t n) {
     constexpr size_t kSmall = 512, kLarge = size_t{2} << 20;
@@ -193,6 +198,15 @@ MemoryStats memory_stats() {
 }
 void empty_cache() {
   allocator().release_free();
+}
+void reset_peak_memory() {
+  allocator().reset_peak();
+}
+DeviceMemoryInfo device_memory_info() {
+  ensure_device();
+  DeviceMemoryInfo m;
+  CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  return m;
 }
 
 void copy(const Tensor& src, Tensor& dst) {

@@ -1,0 +1,349 @@
+// Token sampling on the GPU with the host sampler's semantics (engine/sampler.cpp:
+// penalties, temperature, softmax, then top_k, top_p and typical_p masks over the
+// probabilities sorted most likely first, ties by id, and one draw u in [0, 1)
+// from the request's generator, walked in token-id order). Only ids, logprobs
+// and alternatives leave the device.
+#include <cub/cub.cuh>
+
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/kernels.h"
+
+namespace kestrel::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 512;  // 1024 asks for more registers than an SM has
+
+size_t align_up(size_t n) {
+  return (n + 255) / 256 * 256;
+}
+
+template <typename T>
+__device__ T block_reduce_sum(T v, T* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : T(0);
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ float block_reduce_max(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : -FLT_MAX;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// One block per row: x = penalised (and, when sampling, temperature-scaled)
+// logits; probs = softmax(x) (fp32 exp, fp64 sum, as the host); ids = iota for
+// the sort. Greedy rows also get their argmax of x here.
+__global__ void __launch_bounds__(kThreads)
+    sample_prepare_kernel(const float* logits, int64_t vocab, const SampleRowParams* params,
+                          const int32_t* seen_off, const int32_t* seen_ids, const int32_t* gen_off,
+                          const int32_t* gen_ids, const int32_t* gen_counts, float* x, float* probs,
+                          int32_t* iota, int32_t* out_ids) {
+  __shared__ float fscratch[32];
+  __shared__ double dscratch[32];
+  __shared__ int32_t best_i[32];
+  __shared__ float best_v[32];
+  const int64_t r = blockIdx.x;
+  const SampleRowParams p = params[r];
+  const float* in = logits + r * vocab;
+  float* xr = x + r * vocab;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) xr[i] = in[i];
+  __syncthreads();
+  if (p.repetition_penalty != 1.0f) {
+    for (int32_t j = seen_off[r] + threadIdx.x; j < seen_off[r + 1]; j += blockDim.x) {
+      const int32_t id = seen_ids[j];
+      if (id < 0 || id >= vocab) continue;
+      const float l = xr[id];
+      xr[id] = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+    __syncthreads();
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    for (int32_t j = gen_off[r] + threadIdx.x; j < gen_off[r + 1]; j += blockDim.x) {
+      const int32_t id = gen_ids[j];
+      if (id < 0 || id >= vocab) continue;
+      xr[id] -= p.frequency_penalty * static_cast<float>(gen_counts[j]) + p.presence_penalty;
+    }
+    __syncthreads();
+  }
+  const bool scale = p.do_sample && p.temperature != 1.0f;
+  float m = -FLT_MAX, bv = -FLT_MAX;
+  int32_t bi = 0x7fffffff;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    float v = xr[i];
+    if (scale) xr[i] = v = v / p.temperature;
+    m = fmaxf(m, v);
+    if (v > bv) bv = v, bi = static_cast<int32_t>(i);
+  }
+  m = block_reduce_max(m, fscratch);
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(xr[i] - m);
+  sum = block_reduce_sum(sum, dscratch);
+  float* pr = probs + r * vocab;
+  int32_t* ir = iota + r * vocab;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    pr[i] = static_cast<float>(static_cast<double>(expf(xr[i] - m)) / sum);
+    ir[i] = static_cast<int32_t>(i);
+  }
+  if (!p.do_sample) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+      bv = lane < static_cast<int>(blockDim.x / 32) ? best_v[lane] : -FLT_MAX;
+      bi = lane < static_cast<int>(blockDim.x / 32) ? best_i[lane] : 0x7fffffff;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+      }
+      if (lane == 0) out_ids[r] = bi == 0x7fffffff ? 0 : bi;
+    }
+  }
+}
+
+// Typical: entropy of the row and, in sorted order, each token's |-log p - H|
+// (fp64, as the host), keyed for a stable ascending sort of the sorted ranks.
+__global__ void __launch_bounds__(kThreads)
+    sample_typical_kernel(const float* sorted_p, int64_t vocab, double* dev_keys, int32_t* ranks) {
+  __shared__ double scratch[32];
+  const int64_t r = blockIdx.x;
+  const float* sp = sorted_p + r * vocab;
+  double h = 0.0;
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const double q = sp[i];
+    if (q > 0) h -= q * log(q);
+  }
+  h = block_reduce_sum(h, scratch);
+  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const double q = sp[i];
+    dev_keys[r * vocab + i] = q > 0 ? fabs(-log(q) - h) : INFINITY;
+    ranks[r * vocab + i] = static_cast<int32_t>(i);
+  }
+}
+
+// Exclusive prefix sums (fp64) of a row of n values, each thread a contiguous
+// chunk: returns the chunk's start and fills the thread's own running sums.
+struct ChunkScan {
+  int64_t begin, end;
+  double before;  // sum of everything before this thread's chunk
+};
+
+template <typename Load>
+__device__ ChunkScan chunk_scan(int64_t n, Load load) {
+  using Scan = cub::BlockScan<double, kThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t per = (n + kThreads - 1) / kThreads;
+  ChunkScan c;
+  const int64_t start = static_cast<int64_t>(threadIdx.x) * per;
+  c.begin = start < n ? start : n;
+  c.end = c.begin + per < n ? c.begin + per : n;
+  double local = 0.0;
+  for (int64_t i = c.begin; i < c.end; ++i) local += load(i);
+  Scan(tmp).ExclusiveSum(local, c.before);
+  __syncthreads();
+  return c;
+}
+
+// One block per sampled row: keep flags (top_k, top_p over the sorted order,
+// typical over the deviation order), then the draw in id order and the
+// alternatives from the sorted order.
+__global__ void __launch_bounds__(kThreads)
+    sample_draw_kernel(const float* probs, const float* sorted_p, const int32_t* sorted_id,
+                       const int32_t* dev_rank, int64_t vocab, const SampleRowParams* params,
+                       uint8_t* keep, int32_t* out_ids, float* out_logprobs, int32_t* alt_ids,
+                       float* alt_logprobs, int32_t max_top_n) {
+  __shared__ double dscratch[32];
+  __shared__ int32_t pick;
+  const int64_t r = blockIdx.x;
+  const SampleRowParams p = params[r];
+  const float* pr = probs + r * vocab;
+  const float* sp = sorted_p + r * vocab;
+  const int32_t* sid = sorted_id + r * vocab;
+  uint8_t* kr = keep + r * vocab;
+  if (p.do_sample) {
+    const int64_t k = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
+    // top_k and top_p: rank j stays iff j < k and (j == 0 or mass before j < top_p).
+    ChunkScan c = chunk_scan(vocab, [&](int64_t j) { return static_cast<double>(sp[j]); });
+    double acc = c.before;
+    for (int64_t j = c.begin; j < c.end; ++j) {
+      bool stay = j < k && (p.top_p >= 1.0f || j == 0 || acc < p.top_p);
+      kr[sid[j]] = stay ? 1 : 0;
+      acc += sp[j];
+    }
+    __syncthreads();
+    if (p.typical_p < 1.0f) {
+      // Deviation order j: dropped iff the mass before it reaches typical_p.
+      const int32_t* dr = dev_rank + r * vocab;
+      ChunkScan d = chunk_scan(vocab, [&](int64_t j) { return static_cast<double>(sp[dr[j]]); });
+      double dacc = d.before;
+      for (int64_t j = d.begin; j < d.end; ++j) {
+        if (j > 0 && dacc >= p.typical_p) kr[sid[dr[j]]] = 0;
+        dacc += sp[dr[j]];
+      }
+      __syncthreads();
+    }
+    double total = 0.0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) total += kr[i] ? pr[i] : 0.0f;
+    total = block_reduce_sum(total, dscratch);
+    const double target = p.u * total;
+    if (threadIdx.x == 0) pick = 0x7fffffff;
+    __syncthreads();
+    // The first id whose running kept mass passes the target (the host's walk).
+    ChunkScan w =
+        chunk_scan(vocab, [&](int64_t i) { return kr[i] ? static_cast<double>(pr[i]) : 0.0; });
+    double run = w.before;
+    int32_t last_kept = -1;
+    for (int64_t i = w.begin; i < w.end; ++i) {
+      if (!kr[i]) continue;
+      run += pr[i];
+      last_kept = static_cast<int32_t>(i);
+      if (run > target) {
+        atomicMin(&pick, static_cast<int32_t>(i));
+        break;
+      }
+    }
+    __syncthreads();
+    if (pick == 0x7fffffff) {
+      // Rounding left the target unreached: the last kept id, as the host.
+      __shared__ int32_t last;
+      if (threadIdx.x == 0) last = -1;
+      __syncthreads();
+      if (last_kept >= 0) atomicMax(&last, last_kept);
+      __syncthreads();
+      if (threadIdx.x == 0) pick = last < 0 ? sid[0] : last;
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) out_ids[r] = pick;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int32_t id = out_ids[r];
+    out_logprobs[r] = logf(fmaxf(pr[id], 1e-38f));
+  }
+  for (int32_t j = threadIdx.x; j < max_top_n; j += blockDim.x) {
+    const bool on = j < p.top_n && j < vocab;
+    alt_ids[r * max_top_n + j] = on ? sid[j] : -1;
+    alt_logprobs[r * max_top_n + j] = on ? logf(fmaxf(sp[j], 1e-38f)) : 0.0f;
+  }
+}
+
+struct Layout {
+  size_t x, probs, iota, sorted_p, sorted_id, dev_keys, dev_keys_sorted, ranks, ranks_sorted, keep,
+      offsets, cub1, cub2, total;
+  size_t cub1_bytes, cub2_bytes;
+};
+
+Layout layout(int64_t n, int64_t vocab, bool typical) {
+  const size_t nv = static_cast<size_t>(n * vocab);
+  Layout l{};
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at += align_up(bytes);
+    return here;
+  };
+  l.x = take(nv * 4);
+  l.probs = take(nv * 4);
+  l.iota = take(nv * 4);
+  l.sorted_p = take(nv * 4);
+  l.sorted_id = take(nv * 4);
+  l.keep = take(nv);
+  l.offsets = take(static_cast<size_t>(n + 1) * 4);
+  size_t cub1 = 0, cub2 = 0;
+  cub::DeviceSegmentedRadixSort::SortPairsDescending(
+      nullptr, cub1, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(nv),
+      static_cast<int>(n), static_cast<const int32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr));
+  l.cub1 = take(cub1);
+  l.cub1_bytes = cub1;
+  if (typical) {
+    l.dev_keys = take(nv * 8);
+    l.dev_keys_sorted = take(nv * 8);
+    l.ranks = take(nv * 4);
+    l.ranks_sorted = take(nv * 4);
+    cub::DeviceSegmentedRadixSort::SortPairs(
+        nullptr, cub2, static_cast<const double*>(nullptr), static_cast<double*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(nv),
+        static_cast<int>(n), static_cast<const int32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr));
+    l.cub2 = take(cub2);
+    l.cub2_bytes = cub2;
+  }
+  l.total = at;
+  return l;
+}
+
+__global__ void offsets_kernel(int32_t* off, int64_t n, int64_t vocab) {
+  for (int64_t i = threadIdx.x + blockIdx.x * int64_t{blockDim.x}; i <= n;
+       i += blockDim.x * int64_t{gridDim.x})
+    off[i] = static_cast<int32_t>(i * vocab);
+}
+
+}  // namespace
+
+size_t sample_workspace_bytes(int64_t n_rows, int64_t vocab, bool typical) {
+  return layout(n_rows, vocab, typical).total;
+}
+
+void sample_rows(const SampleRowsArgs& a, void* workspace, cudaStream_t s) {
+  if (a.n_rows == 0) return;
+  const Layout l = layout(a.n_rows, a.vocab, a.typical);
+  char* w = static_cast<char*>(workspace);
+  float* x = reinterpret_cast<float*>(w + l.x);
+  float* probs = reinterpret_cast<float*>(w + l.probs);
+  int32_t* iota = reinterpret_cast<int32_t*>(w + l.iota);
+  float* sorted_p = reinterpret_cast<float*>(w + l.sorted_p);
+  int32_t* sorted_id = reinterpret_cast<int32_t*>(w + l.sorted_id);
+  uint8_t* keep = reinterpret_cast<uint8_t*>(w + l.keep);
+  int32_t* off = reinterpret_cast<int32_t*>(w + l.offsets);
+  const unsigned n = static_cast<unsigned>(a.n_rows);
+  const int nv = static_cast<int>(a.n_rows * a.vocab);
+  offsets_kernel<<<1, 256, 0, s>>>(off, a.n_rows, a.vocab);
+  sample_prepare_kernel<<<n, kThreads, 0, s>>>(a.logits, a.vocab, a.params, a.seen_off, a.seen_ids,
+                                               a.gen_off, a.gen_ids, a.gen_counts, x, probs, iota,
+                                               a.out_ids);
+  size_t cub1 = l.cub1_bytes;
+  cub::DeviceSegmentedRadixSort::SortPairsDescending(w + l.cub1, cub1, probs, sorted_p, iota,
+                                                     sorted_id, nv, static_cast<int>(n), off,
+                                                     off + 1, 0, 32, s);
+  int32_t* ranks_sorted = nullptr;
+  if (a.typical) {
+    double* keys = reinterpret_cast<double*>(w + l.dev_keys);
+    double* keys_sorted = reinterpret_cast<double*>(w + l.dev_keys_sorted);
+    int32_t* ranks = reinterpret_cast<int32_t*>(w + l.ranks);
+    ranks_sorted = reinterpret_cast<int32_t*>(w + l.ranks_sorted);
+    sample_typical_kernel<<<n, kThreads, 0, s>>>(sorted_p, a.vocab, keys, ranks);
+    size_t cub2 = l.cub2_bytes;
+    cub::DeviceSegmentedRadixSort::SortPairs(w + l.cub2, cub2, keys, keys_sorted, ranks,
+                                             ranks_sorted, nv, static_cast<int>(n), off, off + 1, 0,
+                                             64, s);
+  }
+  sample_draw_kernel<<<n, kThreads, 0, s>>>(probs, sorted_p, sorted_id, ranks_sorted, a.vocab,
+                                            a.params, keep, a.out_ids, a.out_logprobs, a.alt_ids,
+                                            a.alt_logprobs, a.max_top_n);
+  if (a.keep_out != nullptr) {
+    cudaMemcpyAsync(a.keep_out, keep, static_cast<size_t>(nv), cudaMemcpyDeviceToDevice, s);
+  }
+}
+
+}  // namespace kestrel::cuda::kernels
