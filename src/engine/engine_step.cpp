@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/ops.h"
 #include "core/error.h"
 #include "engine/engine_impl.h"
 #include "model/falcon_model.h"
@@ -234,10 +235,17 @@ void Engine::Impl::forward_and_sample(std::vector<StepWork>& work) {
   const bool no_rows = b.lm_head_indices.empty();
   if (no_rows) b.lm_head_indices.push_back(0);  // cache-only step
   const auto t_model = Clock::now();
-  Tensor logits = model->forward(b, *cache);
+  const Tensor dev_logits = model->forward_device(b, *cache);
+  ops::synchronize(model->device());
   stats.step_seconds += std::chrono::duration<double>(Clock::now() - t_model).count();
+  // On a GPU a step of next-token rows only (no prompt logprobs, no best_of fork)
+  // samples there: only ids, logprobs and alternatives come back (sample_rows).
+  bool on_device =
+      dev_logits.device() != Device::kCpu && !no_rows && b.lm_head_indices.size() == sampled.size();
+  for (const StepWork* w : sampled) on_device = on_device && !(w->seq->group && !w->seq->forked);
+  const Tensor logits = on_device ? Tensor() : ops::to_host_f32(dev_logits);
   const int64_t vocab = model->config().vocab_size;
-  const float* all = logits.data<float>();
+  const float* all = on_device ? nullptr : logits.data<float>();
   for (StepWork& w : work) {
     Sequence& s = *w.seq;
     const int64_t old = s.n_computed;
@@ -247,6 +255,16 @@ void Engine::Impl::forward_and_sample(std::vector<StepWork>& work) {
     if (!no_rows && s.wants_prompt_logprobs()) record_prompt_logprobs(w, all, vocab);
   }
 
+  if (on_device) {
+    std::vector<SampleRow> rows;
+    for (const StepWork* w : sampled) {
+      Sequence& s = *w->seq;
+      rows.push_back({&s.params, &s.seen, &s.generated_counts, &s.rng});
+    }
+    const std::vector<SampledToken> picked = sample_rows(dev_logits, rows);
+    for (size_t i = 0; i < sampled.size(); ++i) after_sample(sampled[i]->seq, picked[i]);
+    return;
+  }
   std::vector<float> row(vocab);
   for (StepWork* w : sampled) {
     const std::shared_ptr<Sequence> s = w->seq;

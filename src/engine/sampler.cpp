@@ -5,6 +5,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/ops.h"
+#include "core/error.h"
+
 namespace kestrel {
 namespace {
 
@@ -116,6 +119,89 @@ SampledToken sample_token(const SamplingParams& p, const float* logits, int64_t 
                       [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
     for (int64_t r = 0; r < k; ++r) {
       out.alternatives.emplace_back(idx[r], std::log(std::max(probs[idx[r]], 1e-38f)));
+    }
+  }
+  return out;
+}
+
+ops::SampleSpec device_spec(const SamplingParams& p,
+                            const std::unordered_map<int32_t, int32_t>& seen,
+                            const std::unordered_map<int32_t, int32_t>& generated,
+                            std::mt19937_64& rng) {
+  ops::SampleSpec s;
+  s.do_sample = p.do_sample;
+  s.temperature = p.temperature;
+  s.top_k = p.top_k;
+  s.top_p = p.top_p;
+  s.typical_p = p.typical_p;
+  s.repetition_penalty = p.repetition_penalty;
+  s.frequency_penalty = p.frequency_penalty;
+  s.presence_penalty = p.presence_penalty;
+  s.top_n = p.top_n_tokens;
+  if (p.repetition_penalty != 1.0f) {
+    for (const auto& [id, n] : seen) s.seen.push_back(id);
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    for (const auto& [id, n] : generated) s.generated.emplace_back(id, n);
+  }
+  // The one draw sample_token makes per sampled token, from the same generator.
+  if (p.do_sample) s.u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  return s;
+}
+
+bool device_samplable(const SamplingParams& p) {
+  return !p.do_sample && p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f &&
+         p.presence_penalty == 0.0f && p.top_n_tokens == 0;
+}
+
+std::vector<SampledToken> sample_rows(const Tensor& logits, const std::vector<SampleRow>& rows) {
+  KESTREL_CHECK(logits.dtype() == DType::kF32 && logits.ndim() == 2 &&
+                    logits.dim(0) == static_cast<int64_t>(rows.size()),
+                "sample_rows: logits ", shape_str(logits.shape()), " for ", rows.size(), " rows");
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  std::vector<SampledToken> out(rows.size());
+  if (logits.device() == Device::kCpu) {
+    std::vector<float> row(vocab);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const SampleRow& s = rows[r];
+      std::copy_n(logits.data<float>() + r * vocab, vocab, row.begin());
+      apply_penalties(*s.params, *s.seen, *s.generated, row.data(), vocab);
+      out[r] = sample_token(*s.params, row.data(), vocab, *s.rng);
+    }
+    return out;
+  }
+  std::vector<bool> greedy(rows.size());
+  bool any_greedy = false, any_other = false;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    greedy[r] = device_samplable(*rows[r].params);
+    any_greedy = any_greedy || greedy[r];
+    any_other = any_other || !greedy[r];
+  }
+  if (any_greedy) {
+    Tensor ids = Tensor::empty(DType::kI32, {n}, logits.device());
+    Tensor lps = Tensor::empty(DType::kF32, {n}, logits.device());
+    ops::greedy_rows(logits, ids, lps);
+    const Tensor ids_h = ops::to_device(ids, Device::kCpu);
+    const Tensor lps_h = ops::to_host_f32(lps);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!greedy[r]) continue;
+      out[r].id = ids_h.data<int32_t>()[r];
+      out[r].logprob = lps_h.data<float>()[r];
+    }
+  }
+  if (any_other) {
+    // The other rows through the device sampler, each with its own one draw.
+    std::vector<ops::SampleSpec> specs(rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (!greedy[r])
+        specs[r] = device_spec(*rows[r].params, *rows[r].seen, *rows[r].generated, *rows[r].rng);
+    }
+    const std::vector<ops::SampleResult> got = ops::sample_on_device(logits, specs);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      if (greedy[r]) continue;
+      out[r].id = got[r].id;
+      out[r].logprob = got[r].logprob;
+      out[r].alternatives = got[r].alternatives;
     }
   }
   return out;
