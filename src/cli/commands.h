@@ -2,7 +2,11 @@
 // main() only parses and maps errors to an exit status.
 #pragma once
 
+#include <string>
+
 #include <CLI/CLI.hpp>
+
+#include "core/tensor.h"
 
 namespace kestrel::cli {
 
@@ -12,5 +16,8 @@ void add_random_model_command(CLI::App& app);  // random-model       (random_mod
 void add_tokenize_commands(CLI::App& app);     // tokenize, detokenize (tokenize_cmd.cpp)
 void add_serve_command(CLI::App& app);         // serve (serve_cmd.cpp; with KESTREL_HAVE_SERVER)
 void add_bench_command(CLI::App& app);         // bench              (bench_cmd.cpp)
+
+// --device cuda|cpu: the device, checked to exist (device_arg.cpp).
+Device parse_device_arg(const std::string& name, const char* command);
 
 }  // namespace kestrel::cli

@@ -26,6 +26,7 @@ struct GenerateArgs {
   ParallelArgs parallel;
   std::string token_ids_file;
   std::vector<std::string> prompts;
+  std::string device = "cpu";
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;
   int64_t max_new_tokens = 32;
@@ -128,8 +129,8 @@ nlohmann::json result_json(const GenerationResult& r, bool has_text) {
 }
 
 void run_generate(const GenerateArgs& g) {
-  auto model =
-      std::make_shared<const FalconModel>(load_model(g.model_dir, Device::kCpu, g.parallel));
+  auto model = std::make_shared<const FalconModel>(
+      load_model(g.model_dir, parse_device_arg(g.device, "generate"), g.parallel));
   spdlog::info("loaded {}: {}", g.model_dir, model->config().summary());
   std::shared_ptr<const text::Tokenizer> tok;
   if (auto t = maybe_tokenizer(g.model_dir)) {
@@ -232,6 +233,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", g.json,
                 "print only {\"outputs\":[{\"token_ids\",\"text\",\"logprobs\",\"finish_reason\","
                 "\"seed\"}]}");
+  cmd->add_option("--device", g.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--block-size", g.block_size, "KV cache block size in tokens")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", g.prefill_chunk,

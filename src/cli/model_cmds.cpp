@@ -17,6 +17,7 @@ struct RunArgs {
   std::string token_ids_file;
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;
+  std::string device = "cpu";
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -24,13 +25,15 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   add_parallel_options(cmd, a.parallel);
   cmd->add_option("--block-size", a.block_size, "KV cache block size in tokens")
       ->capture_default_str();
+  cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
   cmd->add_option("--prefill-chunk", a.prefill_chunk,
                   "prefill each prompt in chunks of N tokens through the cache (0: whole)")
       ->capture_default_str();
 }
 
 void run_logits(const RunArgs& a, const std::string& out_path) {
-  const FalconModel model = load_model(a.model_dir, Device::kCpu, a.parallel);
+  const FalconModel model =
+      load_model(a.model_dir, parse_device_arg(a.device, "logits"), a.parallel);
   std::vector<std::vector<int32_t>> prompts = read_token_ids(a.token_ids_file);
   std::vector<int64_t> cu{0};
   for (const auto& p : prompts) cu.push_back(cu.back() + static_cast<int64_t>(p.size()));

@@ -10,6 +10,7 @@
 #include "core/logging.h"
 #include "engine/engine.h"
 #include "model/falcon_model.h"
+#include "model/memory_plan.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
 #include "text/tokenizer.h"
@@ -30,7 +31,9 @@ struct ServeArgs {
   int64_t max_batch_prefill_tokens = 4096;
   int64_t max_batch_total_tokens = 0;
   int64_t max_running_seqs = 128;
-  std::string kv_cache_memory = "256MiB";
+  std::string kv_cache_memory;  // empty: from --gpu-memory-fraction on cuda, 256MiB on the CPU
+  std::string device = "cpu";
+  double gpu_memory_fraction = 0.9;
   int64_t num_blocks = 0;
   int64_t block_size = 16;
   bool no_prefix_caching = false;
@@ -68,9 +71,9 @@ int64_t parse_bytes(const std::string& text) {
 void run_serve(const ServeArgs& a) {
   KESTREL_CHECK(a.max_input_length < a.max_total_tokens, "--max-input-length (", a.max_input_length,
                 ") must be below --max-total-tokens (", a.max_total_tokens, ")");
-  spdlog::info("loading model from {}", a.model_dir);
-  auto model =
-      std::make_shared<const FalconModel>(load_model(a.model_dir, Device::kCpu, a.parallel));
+  const Device device = parse_device_arg(a.device, "serve");
+  spdlog::info("loading model from {} to {}", a.model_dir, a.device);
+  auto model = std::make_shared<const FalconModel>(load_model(a.model_dir, device, a.parallel));
   spdlog::info("loaded {}", model->config().summary());
   const std::filesystem::path dir(a.model_dir);
   KESTREL_CHECK(std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
@@ -84,7 +87,28 @@ void run_serve(const ServeArgs& a) {
   EngineOptions eo;
   eo.block_size = a.block_size;
   eo.num_blocks = a.num_blocks;
-  eo.kv_cache_memory = parse_bytes(a.kv_cache_memory);
+  if (a.num_blocks <= 0) {
+    KvPlanOptions po;
+    po.block_size = a.block_size;
+    po.max_batch_prefill_tokens = a.max_batch_prefill_tokens;
+    po.max_running_seqs = a.max_running_seqs;
+    po.max_input_length = a.max_input_length;
+    po.gpu_memory_fraction = a.gpu_memory_fraction;
+    po.kv_cache_memory = !a.kv_cache_memory.empty() ? parse_bytes(a.kv_cache_memory)
+                         : device == Device::kCpu   ? int64_t{256} << 20
+                                                    : 0;
+    const KvPlan plan = plan_kv_cache(*model, po);
+    if (plan.total > 0) {
+      constexpr double kGiB = 1073741824.0;
+      spdlog::info(
+          "device memory: {:.2f} GiB total, {:.2f} GiB in use after loading, {:.2f} GiB "
+          "activation workspace, {:.2f} GiB margin; KV cache {:.2f} GiB ({} of {:.2f})",
+          plan.total / kGiB, plan.used_before / kGiB, plan.activation_bytes / kGiB,
+          plan.margin_bytes / kGiB, plan.kv_bytes / kGiB, "--gpu-memory-fraction",
+          a.gpu_memory_fraction);
+    }
+    eo.num_blocks = plan.num_blocks;
+  }
   eo.max_batch_prefill_tokens = a.max_batch_prefill_tokens;
   eo.max_running_seqs = a.max_running_seqs;
   eo.max_input_length = a.max_input_length;
@@ -93,7 +117,8 @@ void run_serve(const ServeArgs& a) {
   eo.prefix_caching = !a.no_prefix_caching;
   Engine engine(model, tokenizer, eo);
   const EngineStats st = engine.stats();
-  spdlog::info("engine ready: {} KV blocks of {} tokens", st.kv_blocks_total, eo.block_size);
+  spdlog::info("engine ready on {}: {} KV blocks of {} tokens ({} tokens)", a.device,
+               st.kv_blocks_total, eo.block_size, st.kv_blocks_total * eo.block_size);
 
   server::ApiOptions ao;
   ao.model_id = a.model_id.empty()
@@ -159,8 +184,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-running-seqs", a.max_running_seqs, "sequences decoding together")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-cache-memory", a.kv_cache_memory, "KV cache size (bytes, or 256MiB, 2GiB)")
-      ->capture_default_str();
+  cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--kv-cache-memory", a.kv_cache_memory,
+                  "KV cache size (bytes, or 256MiB, 2GiB; default: 256MiB on the CPU, "
+                  "--gpu-memory-fraction on cuda)");
+  cmd->add_option("--gpu-memory-fraction", a.gpu_memory_fraction,
+                  "cuda: share of device memory for weights, activations and the KV cache")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 1.0));
   cmd->add_option("--num-blocks", a.num_blocks, "KV blocks (overrides --kv-cache-memory)")
       ->capture_default_str();
   cmd->add_option("--block-size", a.block_size, "KV cache block size in tokens")

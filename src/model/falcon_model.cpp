@@ -5,6 +5,7 @@
 // then ln_f and the lm_head on the selected rows.
 #include "model/falcon_model.h"
 
+#include <chrono>
 #include <cmath>
 #include <map>
 
@@ -54,10 +55,34 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
                  store.names().size() - known);
   }
   const DType dtype = ops::weight_dtype(device);
-  return build(config, device, has_lm_head, [&](const std::string& name) {
+  int64_t total_bytes = 0, done_bytes = 0, done = 0, next_report = 1;
+  for (const WeightSpec& s : specs) total_bytes += static_cast<int64_t>(store.get(s.name).nbytes);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  spdlog::info("loading {} tensors ({:.2f} GiB) to {}", specs.size(), total_bytes / 1073741824.0,
+               device == Device::kCuda ? "cuda" : "cpu");
+  FalconModel m = build(config, device, has_lm_head, [&](const std::string& name) {
     const TensorInfo& info = store.get(name);
-    return ops::upload_weight(info.data, info.dtype, info.shape, dtype, device);
+    Tensor t = ops::upload_weight(info.data, info.dtype, info.shape, dtype, device);
+    done_bytes += static_cast<int64_t>(info.nbytes);
+    ++done;
+    spdlog::debug("loaded {} {} ({} of {})", name, shape_str(info.shape), done, specs.size());
+    // A progress line at every tenth of the bytes.
+    if (total_bytes > 0 && done_bytes * 10 >= next_report * total_bytes) {
+      while (done_bytes * 10 >= next_report * total_bytes) ++next_report;
+      spdlog::info("load {:3d}%: {} of {} tensors, {:.2f} of {:.2f} GiB, {:.1f} s",
+                   static_cast<int>(done_bytes * 100 / total_bytes), done, specs.size(),
+                   done_bytes / 1073741824.0, total_bytes / 1073741824.0, seconds());
+    }
+    return t;
   });
+  ops::synchronize(device);
+  const double secs = seconds();
+  spdlog::info("loaded {:.2f} GiB of weights in {:.2f} s ({:.2f} GB/s)", total_bytes / 1073741824.0,
+               secs, secs > 0 ? total_bytes / secs / 1e9 : 0.0);
+  return m;
 }
 
 FalconModel FalconModel::random(const FalconConfig& config, Device device, uint64_t seed) {

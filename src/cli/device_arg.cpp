@@ -1,0 +1,19 @@
+// --device for the model commands: a name to a Device, refusing cuda when
+// this build or this machine has none.
+#include "backend/ops.h"
+#include "cli/commands.h"
+#include "core/error.h"
+
+namespace kestrel::cli {
+
+Device parse_device_arg(const std::string& name, const char* command) {
+  if (name == "cpu") return Device::kCpu;
+  KESTREL_CHECK(name == "cuda", command, " --device must be cuda or cpu, got '", name, "'");
+  KESTREL_CHECK(ops::cuda_available(), command,
+                " --device cuda: this kestrel was built without CUDA (configure with "
+                "-DKESTREL_CUDA=ON)");
+  KESTREL_CHECK(ops::cuda_device_count() > 0, command, " --device cuda: no CUDA device visible");
+  return Device::kCuda;
+}
+
+}  // namespace kestrel::cli
