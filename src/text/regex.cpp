@@ -5,7 +5,10 @@
 
 #include <pcre2.h>
 
+#include <cstdio>
+
 #include "core/error.h"
+#include "text/unicode.h"
 
 namespace kestrel::text {
 namespace {
@@ -57,6 +60,19 @@ std::string onig_to_pcre2(std::string_view pattern) {
         out += in_class ? word : "[" + word + "]";
       } else if (e == 'W' && !in_class) {
         out += "[^" + word + "]";
+      } else if (e == 'p' &&
+                 (pattern.substr(i + 1, 3) == "{L}" || pattern.substr(i + 1, 3) == "{N}")) {
+        // PCRE2's tables (Unicode 14) lack the newer letters and numbers HF's have.
+        const bool letter = pattern[i + 2] == 'L';
+        std::string members = letter ? "\\p{L}" : "\\p{N}";
+        for (const auto& r : letter ? letters_newer_than_pcre2() : numbers_newer_than_pcre2()) {
+          char range[40];
+          std::snprintf(range, sizeof range, "\\x{%X}-\\x{%X}", static_cast<unsigned>(r.first),
+                        static_cast<unsigned>(r.last));
+          members += range;
+        }
+        out += in_class ? members : "[" + members + "]";
+        i += 3;
       } else {
         out += c;
         out += e;

@@ -90,6 +90,37 @@ constexpr std::pair<char32_t, char32_t> kPunctuationSinceUnicode8[] = {
 };
 constexpr char32_t kPunctuationInUnicode8Only[] = {0x111C9, 0x166D};
 
+// gen_pcre2_newer_letters.py hf-unicode-classes.txt
+// L: 9272 code points in 35 ranges
+constexpr CodePointRange kNewerL[] = {
+    {0x1C89, 0x1C8A},   {0xA7CB, 0xA7CD},   {0xA7DA, 0xA7DC},   {0x105C0, 0x105F3},
+    {0x10D4A, 0x10D65}, {0x10D6F, 0x10D85}, {0x10EC2, 0x10EC4}, {0x1123F, 0x11240},
+    {0x11380, 0x11389}, {0x1138B, 0x1138B}, {0x1138E, 0x1138E}, {0x11390, 0x113B5},
+    {0x113B7, 0x113B7}, {0x113D1, 0x113D1}, {0x113D3, 0x113D3}, {0x11BC0, 0x11BE0},
+    {0x11F02, 0x11F02}, {0x11F04, 0x11F10}, {0x11F12, 0x11F33}, {0x1342F, 0x1342F},
+    {0x13441, 0x13446}, {0x13460, 0x143FA}, {0x16100, 0x1611D}, {0x16D40, 0x16D6C},
+    {0x18CFF, 0x18CFF}, {0x1B132, 0x1B132}, {0x1B155, 0x1B155}, {0x1DF25, 0x1DF2A},
+    {0x1E030, 0x1E06D}, {0x1E4D0, 0x1E4EB}, {0x1E5D0, 0x1E5ED}, {0x1E5F0, 0x1E5F0},
+    {0x2B739, 0x2B739}, {0x2EBF0, 0x2EE5D}, {0x31350, 0x323AF},
+};
+// N: 120 code points in 10 ranges
+constexpr CodePointRange kNewerN[] = {
+    {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11F50, 0x11F59},
+    {0x16130, 0x16139}, {0x16D70, 0x16D79}, {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3},
+    {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA},
+};
+// D: 133 code points in 12 ranges
+constexpr CodePointRange kNewerD[] = {
+    {0x10D40, 0x10D49}, {0x116D0, 0x116E3}, {0x11BF0, 0x11BF9}, {0x11DE0, 0x11DE9},
+    {0x11F50, 0x11F59}, {0x16130, 0x16139}, {0x16D70, 0x16D79}, {0x16FF4, 0x16FF6},
+    {0x1CCF0, 0x1CCF9}, {0x1D2C0, 0x1D2D3}, {0x1E4F0, 0x1E4F9}, {0x1E5F1, 0x1E5FA},
+};
+
+bool in_any(std::span<const CodePointRange> ranges, char32_t cp) {
+  return std::any_of(ranges.begin(), ranges.end(),
+                     [cp](const CodePointRange& r) { return cp >= r.first && cp <= r.last; });
+}
+
 utf8proc_category_t category(char32_t cp) {
   return static_cast<utf8proc_category_t>(utf8proc_category(static_cast<utf8proc_int32_t>(cp)));
 }
@@ -194,7 +225,16 @@ bool is_punctuation(char32_t cp) {
 bool is_numeric(char32_t cp) {
   if (cp < 0x80) return cp >= '0' && cp <= '9';
   const auto c = category(cp);
-  return c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO;
+  if (c == UTF8PROC_CATEGORY_ND || c == UTF8PROC_CATEGORY_NL || c == UTF8PROC_CATEGORY_NO)
+    return true;
+  return c == UTF8PROC_CATEGORY_CN && in_any(kNewerD, cp);  // Rust knows newer digits
+}
+
+std::span<const CodePointRange> letters_newer_than_pcre2() {
+  return kNewerL;
+}
+std::span<const CodePointRange> numbers_newer_than_pcre2() {
+  return kNewerN;
 }
 
 bool is_whitespace(char32_t cp) {
