@@ -1,0 +1,70 @@
+#!/bin/sh
+# One device call for the engine and server on CUDA: op tests, `generate
+# --device cuda` against `--device cpu` on the e2e fixture, then `kestrel serve
+# --device cuda` on a random falcon-7b folder written on the GPU machine's disk
+# and bench/serve_load.py against it (256 streams of 128 + 128 tokens by
+# default). Run from the repository root with build-gpucarry/ and .gpulib/
+# carried (docs/gpu.md). Logs under $OUT (or ./gpu-out).
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+BIN=${BIN:-build-gpucarry}
+MODEL=${MODEL:-/tmp/kestrel-falcon7b-random}
+PORT=${PORT:-8080}
+LOAD_ARGS=${LOAD_ARGS:---requests 256 --concurrency 256 --prompt-tokens 128 --new-tokens 128}
+SERVE_ARGS=${SERVE_ARGS:---max-running-seqs 256 --http-threads 4}
+# The test binaries find their fixtures at the path compiled in.
+for d in /work/main ${TREE:-}; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$PWD" "$d"; }; done
+export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+python3 -c "import aiohttp" 2>/dev/null && echo "aiohttp: yes" || echo "aiohttp: no"
+STEPS=${STEPS:-ops,generate,serve}
+
+case ,$STEPS, in *,ops,*)
+  timeout 180 ./$BIN/backend_cuda_test --gtest_brief=1 >"$OUT/ops.log" 2>&1
+  echo "ops rc=$?"; grep -E "FAILED|Failure|PASSED|Expected|Which is" "$OUT/ops.log" | head -20
+  timeout 120 ./$BIN/engine_test --gtest_filter='SamplerCuda*' >"$OUT/sampler.log" 2>&1
+  echo "sampler rc=$?"; grep -E "FAILED|Failure|PASSED|OK \]|Expected|Which is|mask of|row" "$OUT/sampler.log" | head -30
+esac
+
+case ,$STEPS, in *,generate,*)
+  M=tests/data/e2e-falcon7b-fullvocab
+  echo '[[1, 2, 3, 4, 5], [300, 301, 302], [7, 8, 9, 10, 11, 12, 13]]' >/tmp/prompts.json
+  for dev in cpu cuda; do
+    ./$BIN/kestrel generate --device $dev --model $M --token-ids /tmp/prompts.json \
+      --max-new-tokens 12 --greedy --ignore-eos --json >"$OUT/gen_$dev.json" 2>"$OUT/gen_$dev.log"
+    echo "generate $dev rc=$? $(cut -c1-200 "$OUT/gen_$dev.json")"
+  done
+  ./$BIN/kestrel logits --device cuda --model $M --token-ids /tmp/prompts.json \
+    --out /tmp/logits_cuda.safetensors >"$OUT/logits_cuda.log" 2>&1
+  echo "logits cuda rc=$?"
+esac
+
+case ,$STEPS, in *,serve,*)
+  t0=$(date +%s)
+  [ -e "$MODEL/config.json" ] || timeout 200 ./$BIN/kestrel random-model --preset falcon-7b \
+    --out "$MODEL" --tokenizer tests/data/tokenizer/falcon-tokenizer.json >"$OUT/random_model.log" 2>&1
+  echo "random-model rc=$? $(( $(date +%s) - t0 )) s; $(du -sh "$MODEL" | cut -f1)"
+  ./$BIN/kestrel serve --device cuda --model "$MODEL" --port $PORT $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
+  SERVER=$!
+  ok=0
+  for i in $(seq 1 180); do
+    if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" 2>/dev/null; then ok=1; break; fi
+    kill -0 $SERVER 2>/dev/null || break
+    sleep 1
+  done
+  echo "server up=$ok after ${i}s"; grep -E "load |loaded|memory|KV|profile|engine ready|error" "$OUT/serve.log" | head -30
+  if [ $ok = 1 ]; then
+    # Warm-up (first-use GEMM plans, allocator growth), then the measured run.
+    timeout 120 python3 bench/serve_load.py --url http://127.0.0.1:$PORT --requests 32 \
+      --concurrency 32 --prompt-tokens 128 --new-tokens 16 --seed 1 >"$OUT/warmup.json" 2>&1
+    echo "warm-up rc=$? $(cut -c1-300 "$OUT/warmup.json")"
+    timeout 240 python3 bench/serve_load.py --url http://127.0.0.1:$PORT $LOAD_ARGS --json "$OUT/load.json"
+    echo "load rc=$?"
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+      >"$OUT/metrics.txt" 2>&1
+    grep -E "^kestrel_(steps|generated|preempt|step_seconds|schedule)" "$OUT/metrics.txt" | head
+  fi
+  kill -INT $SERVER 2>/dev/null; sleep 3; kill -9 $SERVER 2>/dev/null
+  tail -3 "$OUT/serve.log"
+esac
