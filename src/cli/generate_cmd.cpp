@@ -151,10 +151,11 @@ void run_generate(const GenerateArgs& g) {
   std::optional<EngineStats> stats;
   if (g.max_new_tokens > 0) {
     Engine engine(model, tok, engine_options(g, prompts));
-    std::vector<std::shared_ptr<RequestHandle>> handles;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      handles.push_back(engine.submit({prompts[i], sampling_params(g, i)}));
-    }
+    std::vector<GenerationRequest> requests;
+    for (size_t i = 0; i < prompts.size(); ++i)
+      requests.push_back({prompts[i], sampling_params(g, i)});
+    // Queued at once, so they start in one step and a run repeats exactly.
+    const auto handles = engine.submit_all(std::move(requests));
     // All run together; prompt i's text streams once the ones before it ended.
     for (size_t i = 0; i < handles.size(); ++i) {
       if (!g.json && tok) std::cout << tok->decode(prompts[i]) << std::flush;

@@ -115,9 +115,10 @@ std::vector<double> Engine::step_overhead_seconds() const {
   return impl_->step_overheads;
 }
 
-std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
-                                              std::function<void(EngineEvent)> callback) {
-  Impl& m = *impl_;
+// Validates one request and makes its sequence (not yet queued).
+std::shared_ptr<Sequence> Engine::Impl::prepare(GenerationRequest req,
+                                                std::function<void(EngineEvent)> callback) {
+  Impl& m = *this;
   validate(req.params);
   const int64_t n = static_cast<int64_t>(req.prompt_ids.size());
   if (n == 0) throw ValidationError("inputs", "`inputs` must not be empty");
@@ -174,14 +175,34 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
   }
   if (s->params.best_of > 1) s->group = std::make_shared<BestOfGroup>();
   s->submitted = Clock::now();
+  return s;
+}
+
+void Engine::Impl::enqueue(const std::vector<std::shared_ptr<Sequence>>& seqs) {
   {
-    std::lock_guard<std::mutex> lock(m.mu);
-    if (!m.accepting || m.stopping) throw Error("the engine is shutting down");
-    m.incoming.push_back(s);
-    ++m.stats.queue_length;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!accepting || stopping) throw Error("the engine is shutting down");
+    for (const auto& s : seqs) incoming.push_back(s);
+    stats.queue_length += static_cast<int64_t>(seqs.size());
   }
-  m.cv.notify_all();
+  cv.notify_all();
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
+                                              std::function<void(EngineEvent)> callback) {
+  auto s = impl_->prepare(std::move(req), std::move(callback));
+  impl_->enqueue({s});
   return s->handle;
+}
+
+std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(
+    std::vector<GenerationRequest> reqs) {
+  std::vector<std::shared_ptr<Sequence>> seqs;
+  for (auto& r : reqs) seqs.push_back(impl_->prepare(std::move(r), nullptr));
+  impl_->enqueue(seqs);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const auto& s : seqs) handles.push_back(s->handle);
+  return handles;
 }
 
 void Engine::cancel(uint64_t id) {

@@ -92,6 +92,10 @@ class Engine {
   // (it must not block); otherwise they are read from the handle.
   std::shared_ptr<RequestHandle> submit(GenerationRequest request,
                                         std::function<void(EngineEvent)> callback = nullptr);
+  // Validates every request (the first bad one throws and none is queued), then
+  // queues them all at once, so that they start in the same step: the batches,
+  // and so the numerics, do not depend on thread timing (kestrel generate).
+  std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<GenerationRequest> requests);
   // Ends the request at the next step boundary (kFinished with kCancelled)
   // and frees its blocks. Unknown or finished ids are ignored.
   void cancel(uint64_t request_id);

@@ -98,6 +98,10 @@ struct Engine::Impl {
   void finish(const std::shared_ptr<Sequence>& s, FinishReason reason);
   void fail(const std::shared_ptr<Sequence>& s, const std::string& message);
   void append_token(const std::shared_ptr<Sequence>& s, const SampledToken& t);
+  // submit's two halves: validate and build a sequence; queue sequences at once.
+  std::shared_ptr<Sequence> prepare(GenerationRequest req,
+                                    std::function<void(EngineEvent)> callback);
+  void enqueue(const std::vector<std::shared_ptr<Sequence>>& seqs);
 
   void free_blocks(Sequence& s) {
     alloc->release(s.blocks);
