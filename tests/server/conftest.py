@@ -27,7 +27,9 @@ class Server:
         if not BINARY.exists():
             pytest.skip(f"{BINARY} not built (set KESTREL_BINARY)")
         self.args = [str(BINARY), "serve", "--model", str(MODEL), "--host", "127.0.0.1",
-                     "--port", "0", *map(str, extra_args)]
+                     "--port", "0", *map(str, extra_args),
+                     # e.g. KESTREL_SERVE_ARGS="--tensor-parallel 2": the suite against other setups.
+                     *os.environ.get("KESTREL_SERVE_ARGS", "").split()]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=env)
         self.stderr_lines = []
