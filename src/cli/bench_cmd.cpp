@@ -16,6 +16,7 @@
 #include "cli/bench_engine.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
+#include "cli/presets.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "model/falcon_model.h"
@@ -47,32 +48,7 @@ struct BenchArgs {
 };
 
 FalconConfig preset_config(const std::string& name) {
-  FalconConfig c;
-  c.vocab_size = 65024;
-  c.max_position_embeddings = 2048;
-  if (name == "falcon-7b") {
-    c.hidden_size = 4544, c.n_layers = 32, c.n_heads = 71, c.n_kv_heads = 1;
-    c.multi_query = true;
-  } else if (name == "falcon-40b") {
-    c.hidden_size = 8192, c.n_layers = 60, c.n_heads = 128, c.n_kv_heads = 8;
-    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 2;
-  } else if (name == "falcon2-11b") {
-    c.hidden_size = 4096, c.n_layers = 60, c.n_heads = 32, c.n_kv_heads = 8;
-    c.new_decoder_architecture = true, c.num_ln_in_parallel_attn = 1;
-    c.rope_theta = 500042.0, c.max_position_embeddings = 8192;
-  } else if (name == "falcon-rw-1b") {
-    // RefinedWeb 1B: ALiBi, full multi-head attention, sequential attention, biases.
-    c.vocab_size = 50304, c.hidden_size = 2048, c.n_layers = 24, c.n_heads = 32, c.n_kv_heads = 32;
-    c.alibi = true, c.bias = true, c.parallel_attn = false, c.bos_token_id = 1, c.eos_token_id = 2;
-  } else if (name == "tiny") {
-    c.vocab_size = 1024, c.hidden_size = 256, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 1;
-    c.multi_query = true;
-  } else {
-    KESTREL_FAIL("unknown preset \"", name,
-                 "\" (falcon-7b, falcon-40b, falcon2-11b, falcon-rw-1b or tiny)");
-  }
-  c.ffn_hidden_size = 4 * c.hidden_size;
-  return FalconConfig::from_json(c.to_json(), "bench preset " + name);
+  return FalconConfig::from_json(falcon_preset(name).to_json(), "bench preset " + name);
 }
 
 // "1x2048,8x512" -> {{1, 2048}, {8, 512}} (each item `parts` numbers).
@@ -337,7 +313,7 @@ void add_bench_command(CLI::App& app) {
   auto* model = cmd->add_option("--model", a.model_dir, "model folder");
   auto* preset = cmd->add_option("--preset", a.preset,
                                  "random weights on the device: falcon-7b, falcon-40b, "
-                                 "falcon2-11b, falcon-rw-1b or tiny");
+                                 "falcon-180b, falcon2-11b, falcon-rw-1b or tiny");
   model->excludes(preset);
   cmd->add_option("--layers", a.layers, "override the preset's layer count");
   cmd->add_option("--prefill", a.prefill, "BxL,...: B prompts of L tokens in one step")
