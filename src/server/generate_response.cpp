@@ -5,20 +5,6 @@
 
 namespace kestrel::server {
 
-const char* tgi_finish_reason(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kEosToken:
-      return "eos_token";
-    case FinishReason::kStopSequence:
-      return "stop_sequence";
-    case FinishReason::kCancelled:
-      return "cancelled";
-  }
-  return "length";
-}
-
 const char* openai_finish_reason(FinishReason reason) {
   return reason == FinishReason::kEosToken || reason == FinishReason::kStopSequence ? "stop"
                                                                                     : "length";
@@ -73,7 +59,7 @@ json generate_response(const GenerationResult& r, const GenerateParams& g,
                        const text::Tokenizer* tokenizer) {
   json out{{"generated_text", g.return_full_text ? g.inputs + r.text : r.text}};
   if (!g.details) return out;
-  json details{{"finish_reason", tgi_finish_reason(r.finish_reason)},
+  json details{{"finish_reason", finish_reason_name(r.finish_reason)},
                {"prompt_tokens", r.prompt_length},
                {"generated_tokens", r.tokens.size()},
                {"seed", seed_json(r, g)},
@@ -88,7 +74,7 @@ json generate_response(const GenerationResult& r, const GenerateParams& g,
     json seqs = json::array();
     for (const GenerationResult& b : r.best_of_sequences)
       seqs.push_back({{"generated_text", g.return_full_text ? g.inputs + b.text : b.text},
-                      {"finish_reason", tgi_finish_reason(b.finish_reason)},
+                      {"finish_reason", finish_reason_name(b.finish_reason)},
                       {"generated_tokens", b.tokens.size()},
                       {"seed", seed_json(b, g)},
                       {"prefill", prefill_json(b, g.decoder_input_details)},
@@ -114,7 +100,7 @@ json stream_final_event(const TokenInfo& last_token, const GenerationResult& r,
                         const GenerateParams& g, const text::Tokenizer* tokenizer) {
   json j = stream_token_event(last_token, tokenizer);
   j["generated_text"] = g.return_full_text ? g.inputs + r.text : r.text;
-  j["details"] = {{"finish_reason", tgi_finish_reason(r.finish_reason)},
+  j["details"] = {{"finish_reason", finish_reason_name(r.finish_reason)},
                   {"prompt_tokens", r.prompt_length},
                   {"generated_tokens", r.tokens.size()},
                   {"seed", seed_json(r, g)}};

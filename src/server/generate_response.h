@@ -15,8 +15,6 @@ class Tokenizer;
 
 namespace kestrel::server {
 
-// "length", "eos_token", "stop_sequence", "cancelled".
-const char* tgi_finish_reason(FinishReason reason);
 // "length" or "stop" (OpenAI's spelling; a cancelled request reads "length").
 const char* openai_finish_reason(FinishReason reason);
 
