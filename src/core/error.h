@@ -28,11 +28,11 @@ std::string concat(const Args&... args) {
 
 // KESTREL_CHECK(cond, "tensor ", name, " has ", n, " rows") throws kestrel::Error
 // with the message and the source location when cond is false.
-#define KESTREL_CHECK(cond, ...)                                                          \
-  do {                                                                                    \
-    if (!(cond)) [[unlikely]]                                                             \
-      ::kestrel::detail::throw_check(#cond, __FILE__, __LINE__,                           \
-                                     ::kestrel::detail::concat(__VA_ARGS__));             \
+#define KESTREL_CHECK(cond, ...)                                              \
+  do {                                                                        \
+    if (!(cond)) [[unlikely]]                                                 \
+      ::kestrel::detail::throw_check(#cond, __FILE__, __LINE__,               \
+                                     ::kestrel::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // KESTREL_FAIL("...") throws unconditionally (for user-facing errors: no location).
