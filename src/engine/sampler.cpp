@@ -109,6 +109,10 @@ SampledToken sample_token(const SamplingParams& p, const float* logits, int64_t 
       out.id = static_cast<int32_t>(i);
       if (acc > u) break;
     }
+    // top-k / top-p and typical each keep a token, but their sets can be
+    // disjoint: then the most likely token, as the CUDA sampler picks.
+    if (out.id < 0)
+      out.id = static_cast<int32_t>(std::max_element(probs.begin(), probs.end()) - probs.begin());
   }
   out.logprob = std::log(std::max(probs[out.id], 1e-38f));
   if (p.top_n_tokens > 0) {

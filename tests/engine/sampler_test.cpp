@@ -71,6 +71,24 @@ TEST(Sampler, TypicalMaskKeepsSmallestTypicalSet) {
   EXPECT_EQ(sampling_mask(sp, p), want);
 }
 
+// top_k 1 keeps the most likely token; typical_p 0.2 keeps only middle ones
+// (closest to the entropy): nothing survives both. A token is still drawn
+// (the most likely, as on CUDA), never -1 (schemathesis found it as a 500).
+TEST(Sampler, DisjointTopKAndTypicalStillGiveAToken) {
+  std::vector<float> logits;
+  logits.push_back(std::log(0.4f));
+  for (int i = 0; i < 10; ++i) logits.push_back(std::log(0.03f));
+  for (int i = 0; i < 3000; ++i) logits.push_back(std::log(1e-4f));
+  SamplingParams sp;
+  sp.do_sample = true;
+  sp.top_k = 1;
+  sp.typical_p = 0.2f;
+  const std::vector<bool> keep = sampling_mask(sp, softmax(logits));
+  EXPECT_EQ(std::count(keep.begin(), keep.end(), true), 0);
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(sp, logits.data(), logits.size(), rng).id, 0);
+}
+
 TEST(Sampler, FrequenciesFollowSoftmaxOverTemperature) {
   std::vector<float> logits{1.0f, 0.5f, 0.0f, -0.5f, 2.0f, 0.2f};
   SamplingParams sp;
