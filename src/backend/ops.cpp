@@ -14,6 +14,14 @@
 namespace kestrel::ops {
 namespace {
 
+// The first index of the largest of p[0, n) (argmax_rows and greedy_rows on the CPU).
+int64_t row_argmax(const float* p, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (p[i] > p[best]) best = i;
+  return best;
+}
+
 // Calls cpu::NAME or cuda::NAME for the device of `dev_tensor`.
 #ifdef KESTREL_CUDA
 #define KESTREL_DISPATCH(dev_tensor, name, ...)   \
@@ -308,11 +316,8 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
   KESTREL_CHECK(logits.device() == Device::kCpu, "argmax_rows: built without CUDA");
   const int64_t vocab = logits.dim(1);
   for (int64_t r = 0; r < logits.dim(0); ++r) {
-    const float* p = logits.data<float>() + r * vocab;
-    int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
-      if (p[i] > p[best]) best = i;
-    out.data<int32_t>()[r] = static_cast<int32_t>(best);
+    out.data<int32_t>()[r] =
+        static_cast<int32_t>(row_argmax(logits.data<float>() + r * vocab, vocab));
   }
 }
 
@@ -336,9 +341,7 @@ void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
   const int64_t vocab = logits.dim(1);
   for (int64_t r = 0; r < logits.dim(0); ++r) {
     const float* p = logits.data<float>() + r * vocab;
-    int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
-      if (p[i] > p[best]) best = i;
+    const int64_t best = row_argmax(p, vocab);
     double sum = 0.0;
     for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(p[i] - p[best]));
     ids.data<int32_t>()[r] = static_cast<int32_t>(best);
