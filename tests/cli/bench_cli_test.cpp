@@ -8,21 +8,15 @@
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
+#include "run_kestrel.h"
 
 namespace kestrel {
 namespace {
 
 std::string run(const std::string& args, int* status) {
-  const std::string cmd = std::string(KESTREL_BINARY) + " " + args + " 2>/dev/null";
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return out;
+  test::CmdResult r = test::run_kestrel(args, false);
+  *status = r.status;
+  return r.out;
 }
 
 TEST(BenchCli, EngineBenchmarkPerConcurrencyLevel) {

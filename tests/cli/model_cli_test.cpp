@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include "run_kestrel.h"
 
 #include "../model/fixture_util.h"
 #include "io/safetensors.h"
@@ -22,23 +23,11 @@ namespace fs = std::filesystem;
 using test::Expected;
 using test::fixture_dir;
 
-struct CmdResult {
-  int status = -1;
-  std::string out;
-};
+using test::CmdResult;
 
 // Runs the kestrel binary with args; stdout captured, stderr discarded.
 CmdResult kestrel(const std::string& args) {
-  const std::string cmd = std::string(KESTREL_BINARY) + " " + args + " 2>/dev/null";
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return test::run_kestrel(args, false);
 }
 
 class CliTest : public ::testing::Test {

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include <nlohmann/json.hpp>
+#include "run_kestrel.h"
 
 #include "../model/fixture_util.h"
 #include "io/safetensors.h"
@@ -22,23 +23,10 @@ namespace fs = std::filesystem;
 using test::fixture_dir;
 using test::rel_error;
 
-struct CmdResult {
-  int status = -1;
-  std::string out;  // stdout and stderr
-};
+using test::CmdResult;
 
 CmdResult kestrel(const std::string& args, bool with_stderr = true) {
-  const std::string cmd =
-      std::string(KESTREL_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
-  CmdResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return test::run_kestrel(args, with_stderr);
 }
 
 class ParallelCli : public ::testing::Test {
