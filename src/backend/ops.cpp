@@ -301,6 +301,36 @@ void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   KESTREL_DISPATCH(x, gather_rows, x, indices, out);
 }
 
+void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& out) {
+  expect("lora_add", "x", x, act_dtype(x), 2);
+  expect("lora_add", "out", out, act_dtype(x), 2);
+  KESTREL_CHECK(out.dim(0) == x.dim(0), "lora_add: x ", shape_str(x.shape()), ", out ",
+                shape_str(out.shape()));
+  same_device("lora_add", x, out);
+  int32_t prev_end = 0;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    const LoraSegment& g = segments[s];
+    KESTREL_CHECK(g.a && g.b && g.a->defined() && g.b->defined(), "lora_add: segment ", s,
+                  " has no a or b");
+    KESTREL_CHECK(g.begin >= prev_end && g.begin <= g.end && g.end <= x.dim(0),
+                  "lora_add: segment ", s, " rows [", g.begin, ", ", g.end,
+                  ") overlap or leave [0, ", x.dim(0), ")");
+    prev_end = g.end;
+    const Tensor &a = *g.a, &b = *g.b;
+    KESTREL_CHECK(a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == x.dim(1) &&
+                      b.dim(0) == out.dim(1) && b.dim(1) == a.dim(0),
+                  "lora_add: segment ", s, ": a ", shape_str(a.shape()), ", b ",
+                  shape_str(b.shape()), " for x ", shape_str(x.shape()), ", out ",
+                  shape_str(out.shape()));
+    KESTREL_CHECK(a.dtype() == x.dtype() && b.dtype() == x.dtype(), "lora_add: segment ", s,
+                  " weights in ", dtype_name(a.dtype()), ", x in ", dtype_name(x.dtype()));
+    same_device("lora_add", x, a);
+    same_device("lora_add", x, b);
+  }
+  if (segments.empty()) return;
+  KESTREL_DISPATCH(x, lora_add, x, segments, out);
+}
+
 void argmax_rows(const Tensor& logits, Tensor& out) {
   expect("argmax_rows", "logits", logits, DType::kF32, 2);
   expect("argmax_rows", "out", out, DType::kI32, 1);

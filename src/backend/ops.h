@@ -82,6 +82,19 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len = 0,
                      const Tensor& alibi_slopes = Tensor());
 
+// LoRA deltas over segments of rows (the segmented / SGMV form of Punica and LoRAX): for each
+// segment s, rows [begin, end) of x and out, out[rows] += scale * (x[rows] @ a^T) @ b^T, with
+// a [r, in] and b [out_dim, r] in x's dtype on x's device (r may differ per segment). Segments
+// must not overlap; rows in no segment are left as they are. x [T, in], out [T, out_dim] (the
+// base linear's output, updated in place). The base GEMM runs once for the whole batch before.
+struct LoraSegment {
+  int32_t begin = 0, end = 0;
+  const Tensor* a = nullptr;
+  const Tensor* b = nullptr;
+  float scale = 1.0f;
+};
+void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& out);
+
 // out[i] = x[indices[i]]. x [T, hidden], indices [N] I32, out [N, hidden].
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 

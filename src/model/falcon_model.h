@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "io/falcon_config.h"
 #include "kv/kv_cache.h"
+#include "lora/lora_adapter.h"
 #include "model/forward_batch.h"
 
 namespace kestrel {
@@ -63,6 +64,17 @@ class FalconModel {
   // and tests set wrong ones). Throws unless the config has alibi and there is
   // one slope per head.
   void set_alibi_slopes(const std::vector<float>& slopes);
+
+  // LoRA (docs/lora.md): reads the PEFT adapter folder DIR, validates it against this model
+  // (every key, shape and config field; errors name the tensor and both shapes) and puts A and B
+  // on the model's device, sharded per rank like the base layers. Thread-safe: may run off the
+  // step loop's thread while forwards run.
+  std::shared_ptr<const LoraAdapter> load_adapter(const std::string& dir,
+                                                  const std::string& name) const;
+  // Random adapter of rank r on `modules` (benchmarks), drawn on the device.
+  std::shared_ptr<const LoraAdapter> random_adapter(const std::string& name, int64_t r,
+                                                    const std::vector<LoraModule>& modules,
+                                                    uint64_t seed) const;
 
   // A KV cache shaped for this model.
   KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;

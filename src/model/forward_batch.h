@@ -8,6 +8,8 @@
 
 namespace kestrel {
 
+class LoraAdapter;
+
 struct ForwardBatch {
   std::vector<int32_t> input_ids;     // [n_tokens]
   std::vector<int32_t> positions;     // [n_tokens] position of each token in its sequence
@@ -19,6 +21,10 @@ struct ForwardBatch {
   // Rows that get logits (indices into the n_tokens); empty: every row.
   std::vector<int32_t> lm_head_indices;
   bool skip_lm_head = false;  // return the final hidden states instead of logits
+  // LoRA: [n_seqs] the adapter of each sequence (nullptr: the base model), or empty: none at all.
+  // Made by FalconModel::load_adapter / random_adapter of this model; the caller keeps them alive
+  // through the forward. Consecutive sequences with one adapter form one segment of ops::lora_add.
+  std::vector<const LoraAdapter*> adapters;
 
   int64_t n_tokens() const { return static_cast<int64_t>(input_ids.size()); }
   int64_t n_seqs() const { return static_cast<int64_t>(kv_lens.size()); }

@@ -4,7 +4,12 @@
 
 #include <cstdint>
 
+#include <vector>
 #include "core/tensor.h"
+
+namespace kestrel::ops {
+struct LoraSegment;
+}
 
 namespace kestrel::cpu {
 
@@ -21,5 +26,6 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
                      int32_t max_kv_len, float scale, Tensor& out, const Tensor& alibi_slopes);
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
+void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Tensor& out);
 
 }  // namespace kestrel::cpu

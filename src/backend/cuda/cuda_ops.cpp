@@ -82,6 +82,11 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
   CUDA_CHECK_LAUNCH();
 }
 
+// The CUDA LoRA kernels are being written (issue 10); until then the op says so.
+void lora_add(const Tensor&, const std::vector<ops::LoraSegment>&, Tensor&) {
+  KESTREL_FAIL("lora_add: LoRA adapters on CUDA are not supported yet");
+}
+
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   need("gather_rows", "indices", indices, DType::kI32);
   need("gather_rows", "x", x, x.dtype());

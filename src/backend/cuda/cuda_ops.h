@@ -59,6 +59,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len,
                      const Tensor& alibi_slopes);
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
+void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Tensor& out);
 void argmax_rows(const Tensor& logits, Tensor& out);
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
 // ops::sample_on_device (sampling.cpp).
