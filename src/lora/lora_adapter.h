@@ -36,7 +36,18 @@ struct LoraConfig {
   std::string base_model_name_or_path;
 
   static LoraConfig from_file(const std::string& path);
+
+  // Whether the adapter attaches to module m of `layer` (target_modules and layers_to_transform).
+  bool targets(int64_t layer, LoraModule m) const;
+  // r and the scale of module m of `layer`: rank_pattern / alpha_pattern by peft's rule (a key
+  // matches the module's name, "transformer.h.N.self_attention.query_key_value", as a suffix at a
+  // '.'), else r / lora_alpha; scale alpha / r, or alpha / sqrt(r) with use_rslora.
+  int64_t rank_for(int64_t layer, LoraModule m) const;
+  float scale_for(int64_t layer, LoraModule m) const;
 };
+
+// "transformer.h.N.self_attention.query_key_value" and the like (peft's module names).
+std::string lora_module_key(int64_t layer, LoraModule m);
 
 // One module of one layer: a [r, in], b [out, r] (a rank's shard), scale alpha / r (or / sqrt r).
 // Undefined when the adapter does not target it.
