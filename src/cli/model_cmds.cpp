@@ -22,7 +22,7 @@ struct RunArgs {
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--model", a.model_dir, "model folder (config.json + safetensors)")->required();
-  add_parallel_options(cmd, a.parallel);
+  add_parallel_options(cmd, a.parallel, /*processes=*/true);
   cmd->add_option("--block-size", a.block_size, "KV cache block size in tokens")
       ->capture_default_str();
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
@@ -41,6 +41,7 @@ void run_logits(const RunArgs& a, const std::string& out_path) {
   Tensor logits = runner.prefill(/*all_logits=*/true);
   Tensor cu_t = Tensor::empty(DType::kI64, {static_cast<int64_t>(cu.size())});
   std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
+  if (a.parallel.nnodes > 1 && a.parallel.node_rank != 0) return;  // rank 0 writes
   write_safetensors(out_path, {{"logits", logits}, {"cu_seqlens", cu_t}});
   spdlog::info("wrote logits {} to {}", shape_str(logits.shape()), out_path);
 }

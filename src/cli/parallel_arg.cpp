@@ -3,17 +3,65 @@
 
 #include <cstdio>
 
+#include "core/error.h"
+#include "core/logging.h"
+#include "parallel/process_group.h"
+#ifdef KESTREL_HAVE_NCCL
+#include "parallel/nccl_communicator.h"
+#endif
+
 namespace kestrel::cli {
 
-void add_parallel_options(CLI::App* cmd, ParallelArgs& a) {
+void add_parallel_options(CLI::App* cmd, ParallelArgs& a, bool processes) {
   cmd->add_option("--tensor-parallel,--num-shard", a.tensor_parallel,
                   "ranks of tensor parallelism (CPU: threads of this process; CUDA: GPUs)")
       ->capture_default_str();
   cmd->add_flag("--verbose", a.verbose, "print each rank's loaded weight bytes");
+  if (!processes) return;
+  cmd->add_option("--nnodes", a.nnodes,
+                  "processes of tensor parallelism, one rank each (every one runs this command)")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", a.node_rank, "this process's rank in [0, nnodes)")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", a.master_addr, "IP address where rank 0 listens")
+      ->capture_default_str();
+  cmd->add_option("--master-port", a.master_port, "TCP port where rank 0 listens")
+      ->capture_default_str();
 }
 
+namespace {
+
+FalconModel load_process_rank(const std::string& dir, Device device, const ParallelArgs& a) {
+  KESTREL_CHECK(a.tensor_parallel == 1 || a.tensor_parallel == a.nnodes, "--tensor-parallel ",
+                a.tensor_parallel, " with --nnodes ", a.nnodes,
+                ": across processes each process is one rank (leave --tensor-parallel at 1)");
+  ProcessGroupOptions o;
+  o.nnodes = a.nnodes;
+  o.node_rank = a.node_rank;
+  o.master_addr = a.master_addr;
+  o.master_port = a.master_port;
+  check_process_group(o);
+  spdlog::info("rank {} of {}: joining rank 0 at {}:{}", o.node_rank, o.nnodes, o.master_addr,
+               o.master_port);
+  auto group = std::make_shared<ProcessGroup>(o);
+  std::shared_ptr<Communicator> comm;
+  if (device == Device::kCpu) {
+    comm = make_tcp_communicator(group);
+  } else {
+#ifdef KESTREL_HAVE_NCCL
+    comm = make_nccl_process_rank(group);
+#else
+    KESTREL_FAIL("--nnodes on CUDA needs NCCL, and this build has none");
+#endif
+  }
+  return FalconModel::load_process_rank(dir, device, std::move(comm));
+}
+
+}  // namespace
+
 FalconModel load_model(const std::string& dir, Device device, const ParallelArgs& a) {
-  FalconModel model = FalconModel::load(dir, device, a.tensor_parallel);
+  FalconModel model = a.nnodes > 1 ? load_process_rank(dir, device, a)
+                                   : FalconModel::load(dir, device, a.tensor_parallel);
   if (a.verbose) {
     const std::vector<int64_t> bytes = model.rank_weight_bytes();
     int64_t total = 0;

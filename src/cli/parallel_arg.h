@@ -14,12 +14,20 @@ namespace kestrel::cli {
 struct ParallelArgs {
   int tensor_parallel = 1;
   bool verbose = false;
+  // Across processes (logits, bench): --nnodes processes, one rank each.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
 };
 
-void add_parallel_options(CLI::App* cmd, ParallelArgs& a);
+// processes: also --nnodes, --node-rank, --master-addr, --master-port (commands whose every
+// process runs the same batches: logits, bench; only rank 0 writes results).
+void add_parallel_options(CLI::App* cmd, ParallelArgs& a, bool processes = false);
 
-// Loads DIR on `device` over a.tensor_parallel ranks; with --verbose prints each rank's weight
-// bytes (its share of the checkpoint) to stderr.
+// Loads DIR on `device` over a.tensor_parallel ranks (or, with --nnodes N > 1, this process's
+// rank of N after joining the others: CPU collectives over TCP, CUDA over NCCL); with --verbose
+// prints each rank's weight bytes (its share of the checkpoint) to stderr.
 FalconModel load_model(const std::string& dir, Device device, const ParallelArgs& a);
 
 }  // namespace kestrel::cli

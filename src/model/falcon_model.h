@@ -45,6 +45,11 @@ class FalconModel {
                                          Device device, int tensor_parallel);
   static FalconModel from_store(const FalconConfig& config, const WeightStore& store,
                                 Device device);
+  // One rank of tensor parallelism across processes (--nnodes; parallel/process_group.h): rank
+  // comm->rank() of comm->size(), its slice read from DIR. Every process runs the same forwards;
+  // each gets the whole logits (the lm_head's vocabulary shards are all-gathered).
+  static FalconModel load_process_rank(const std::string& dir, Device device,
+                                       std::shared_ptr<Communicator> comm);
   // Random weights at the config's shapes, drawn on the device (benchmarks:
   // no files written or read).
   static FalconModel random(const FalconConfig& config, Device device, uint64_t seed = 0);
@@ -91,6 +96,8 @@ class FalconModel {
  private:
   static FalconModel build(const FalconConfig& config, Device device, bool has_lm_head,
                            const std::function<Tensor(const std::string&)>& load);
+  static FalconModel build_rank(const FalconConfig& config, const WeightStore& store, Device device,
+                                bool has_lm_head, std::shared_ptr<Communicator> comm);
   void check_batch(const ForwardBatch& batch, const KvCache& cache) const;
   void rope_tables(const ForwardBatch& batch, std::vector<float>& cos,
                    std::vector<float>& sin) const;

@@ -109,6 +109,63 @@ std::vector<std::shared_ptr<Communicator>> make_group(Device device, int n) {
 
 }  // namespace
 
+// Rank comm->rank() of comm->size(): only its slice of every tensor is read.
+FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStore& store,
+                                    Device device, bool has_lm_head,
+                                    std::shared_ptr<Communicator> comm) {
+  const ShardDims dims = shard_dims(config);
+  const int n = comm->size(), r = comm->rank();
+  const DType dtype = ops::weight_dtype(device);
+  const int64_t vmax = even_range(config.vocab_size, n, 0).size();
+  const RankShard s = shard_rank(dims, n, r);
+  const std::vector<int64_t> qkv_rows = s.qkv_rows(dims), dense_cols = s.dense_cols(dims);
+  const std::vector<int64_t> ffn = iota_range(s.ffn);
+  int64_t read = 0;
+  auto load = [&](const std::string& name) -> Tensor {
+    const TensorInfo& info = store.get(name);
+    std::vector<int64_t> rows, cols;
+    if (name == "transformer.word_embeddings.weight") {
+      rows = iota_range(s.vocab, s.vocab.size() + 1);  // + the zero row of masked ids
+    } else if (name == "lm_head.weight") {
+      rows = iota_range(s.vocab, vmax);
+    } else if (ends_with(name, ".query_key_value.weight") ||
+               ends_with(name, ".query_key_value.bias")) {
+      rows = qkv_rows;
+    } else if (ends_with(name, ".self_attention.dense.weight")) {
+      cols = dense_cols;
+    } else if (ends_with(name, ".dense_h_to_4h.weight") || ends_with(name, ".dense_h_to_4h.bias")) {
+      rows = ffn;
+    } else if (ends_with(name, ".dense_4h_to_h.weight")) {
+      cols = ffn;
+    } else if ((ends_with(name, ".self_attention.dense.bias") ||
+                ends_with(name, ".dense_4h_to_h.bias")) &&
+               r != 0) {
+      return Tensor();  // row-parallel bias: added once, by rank 0
+    }
+    Shape shape;
+    const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
+    return ops::upload_weight(host.data(), info.dtype, shape, dtype, device);
+  };
+  FalconModel m = build(rank_config(config, s), device, has_lm_head, load);
+  if (!has_lm_head) m.lm_head_ = m.word_embeddings_.rows(0, vmax);
+  m.tp_ = {r, n, std::move(comm), s.vocab.begin, s.vocab.end, read};
+  spdlog::info("tensor parallel {}: {:.1f} MiB of weights", describe(s), read / 1048576.0);
+  return m;
+}
+
+FalconModel FalconModel::load_process_rank(const std::string& dir, Device device,
+                                           std::shared_ptr<Communicator> comm) {
+  KESTREL_CHECK(comm != nullptr, "load_process_rank: no communicator");
+  FalconConfig config = FalconConfig::from_model_dir(dir);
+  check_tensor_parallel(shard_dims(config), comm->size());  // before any weight is read
+  WeightStore store = WeightStore::open_folder(dir);
+  const bool has_lm_head = store.contains("lm_head.weight");
+  KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
+                "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
+  for (const WeightSpec& s : falcon_weight_specs(config, has_lm_head)) store.get(s.name, s.shape);
+  return build_rank(config, store, device, has_lm_head, std::move(comm));
+}
+
 FalconModel FalconModel::load_parallel(const std::string& dir, Device device, int tensor_parallel) {
   FalconConfig config = FalconConfig::from_model_dir(dir);
   check_tensor_parallel(shard_dims(config), tensor_parallel);  // before any weight is read
@@ -135,50 +192,13 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
   for (const WeightSpec& s : falcon_weight_specs(config, has_lm_head)) store.get(s.name, s.shape);
 
   auto comms = make_group(device, n);
-  const DType dtype = ops::weight_dtype(device);
-  const int64_t vmax = even_range(config.vocab_size, n, 0).size();
   auto group = std::make_shared<TpGroup>();
-  for (int r = 0; r < n; ++r) {
-    const RankShard s = shard_rank(dims, n, r);
-    const std::vector<int64_t> qkv_rows = s.qkv_rows(dims), dense_cols = s.dense_cols(dims);
-    const std::vector<int64_t> ffn = iota_range(s.ffn);
-    int64_t read = 0;
-    auto load = [&](const std::string& name) -> Tensor {
-      const TensorInfo& info = store.get(name);
-      std::vector<int64_t> rows, cols;
-      if (name == "transformer.word_embeddings.weight") {
-        rows = iota_range(s.vocab, s.vocab.size() + 1);  // + the zero row of masked ids
-      } else if (name == "lm_head.weight") {
-        rows = iota_range(s.vocab, vmax);
-      } else if (ends_with(name, ".query_key_value.weight") ||
-                 ends_with(name, ".query_key_value.bias")) {
-        rows = qkv_rows;
-      } else if (ends_with(name, ".self_attention.dense.weight")) {
-        cols = dense_cols;
-      } else if (ends_with(name, ".dense_h_to_4h.weight") ||
-                 ends_with(name, ".dense_h_to_4h.bias")) {
-        rows = ffn;
-      } else if (ends_with(name, ".dense_4h_to_h.weight")) {
-        cols = ffn;
-      } else if ((ends_with(name, ".self_attention.dense.bias") ||
-                  ends_with(name, ".dense_4h_to_h.bias")) &&
-                 r != 0) {
-        return Tensor();  // row-parallel bias: added once, by rank 0
-      }
-      Shape shape;
-      const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
-      return ops::upload_weight(host.data(), info.dtype, shape, dtype, device);
-    };
-    FalconModel m = build(rank_config(config, s), device, has_lm_head, load);
-    if (!has_lm_head) m.lm_head_ = m.word_embeddings_.rows(0, vmax);
-    m.tp_ = {r, n, comms[r], s.vocab.begin, s.vocab.end, read};
-    spdlog::info("tensor parallel {}: {:.1f} MiB of weights", describe(s), read / 1048576.0);
-    group->ranks.push_back(std::move(m));
-  }
+  for (int r = 0; r < n; ++r)
+    group->ranks.push_back(build_rank(config, store, device, has_lm_head, comms[r]));
   FalconModel top;
   top.config_ = config;
   top.device_ = device;
-  top.act_dtype_ = dtype;
+  top.act_dtype_ = ops::weight_dtype(device);
   top.tp_.size = n;
   top.group_ = std::move(group);
   return top;
@@ -190,6 +210,7 @@ std::vector<int64_t> FalconModel::rank_weight_bytes() const {
     for (const FalconModel& m : group_->ranks) out.push_back(m.tp_.weight_bytes);
     return out;
   }
+  if (tp_.comm) return {tp_.weight_bytes};  // one rank of a process group
   int64_t total = 0;
   for (const WeightSpec& s : falcon_weight_specs(config_, !config_.tie_word_embeddings)) {
     total += shape_numel(s.shape) * static_cast<int64_t>(dtype_size(config_.dtype));

@@ -5,9 +5,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
+#include "parallel/process_group.h"
 
 #define NCCL_CHECK(call)                                                                   \
   do {                                                                                     \
@@ -111,6 +113,23 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_group(int size) {
   for (int r = 0; r < size; ++r)
     out.push_back(std::make_shared<NcclCommunicator>(comms[r], devices[r], r, size));
   return out;
+}
+
+std::shared_ptr<Communicator> make_nccl_process_rank(const std::shared_ptr<ProcessGroup>& group) {
+  KESTREL_CHECK(group != nullptr, "make_nccl_process_rank: no process group");
+  int device = 0;
+  CUDA_OK(cudaGetDevice(&device));
+  ncclUniqueId id;
+  std::vector<uint8_t> bytes(sizeof id);
+  if (group->rank() == 0) {
+    NCCL_CHECK(ncclGetUniqueId(&id));
+    std::memcpy(bytes.data(), &id, sizeof id);
+  }
+  group->broadcast_bytes(bytes);
+  std::memcpy(&id, bytes.data(), sizeof id);
+  ncclComm_t comm;
+  NCCL_CHECK(ncclCommInitRank(&comm, group->size(), id, group->rank()));
+  return std::make_shared<NcclCommunicator>(comm, device, group->rank(), group->size());
 }
 
 }  // namespace kestrel

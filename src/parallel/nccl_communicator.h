@@ -14,4 +14,10 @@ namespace kestrel {
 // Communicators for GPUs 0..size-1 (throws naming the NCCL error, or when fewer are visible).
 std::vector<std::shared_ptr<Communicator>> make_nccl_group(int size);
 
+class ProcessGroup;
+// This process's rank of a group of processes, one GPU each (the process's current CUDA device,
+// 0 unless CUDA_VISIBLE_DEVICES says otherwise): rank 0 makes the NCCL unique id and sends it to
+// the others over the process group's sockets, then every rank joins with ncclCommInitRank.
+std::shared_ptr<Communicator> make_nccl_process_rank(const std::shared_ptr<ProcessGroup>& group);
+
 }  // namespace kestrel

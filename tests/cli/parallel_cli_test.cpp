@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -62,6 +63,50 @@ TEST_F(ParallelCli, LogitsEqualSingleRank) {
               1e-5)
         << flag;
   }
+}
+
+// Two and three processes (--nnodes, ranks joined over TCP on localhost) give the same bits as
+// the same ranks as threads of one process: the TCP all-reduce sums ranks in the same order.
+TEST_F(ParallelCli, ProcessesEqualThreadsBitForBit) {
+  const std::string model = fixture_dir("falcon40b-gqa");
+  const std::string base = "logits --model " + model + " --token-ids " + prompts_;
+  for (int n : {2, 3}) {
+    const std::string threads_out = (dir_ / ("threads" + std::to_string(n))).string();
+    CmdResult t =
+        kestrel(base + " --tensor-parallel " + std::to_string(n) + " --out " + threads_out);
+    ASSERT_EQ(t.status, 0) << t.out;
+    const int port = 20000 + (::getpid() * 7 + n) % 20000;
+    const std::string procs_out = (dir_ / ("procs" + std::to_string(n))).string();
+    std::string cmd;  // ranks 1..n-1 in the background, rank 0 in front, then wait for all
+    for (int r = n - 1; r >= 0; --r) {
+      cmd += std::string(KESTREL_BINARY) + " " + base + " --out " + procs_out + " --nnodes " +
+             std::to_string(n) + " --node-rank " + std::to_string(r) + " --master-port " +
+             std::to_string(port) + (r > 0 ? " >/dev/null 2>&1 & " : " 2>&1; wait");
+    }
+    FILE* p = popen(("sh -c '" + cmd + "'").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    std::array<char, 4096> buf;
+    size_t got;
+    while ((got = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), got);
+    ASSERT_EQ(pclose(p), 0) << out;
+    const WeightStore a = WeightStore::open_file(threads_out),
+                      b = WeightStore::open_file(procs_out);
+    const TensorInfo &la = a.get("logits"), &lb = b.get("logits");
+    ASSERT_EQ(la.shape, lb.shape);
+    EXPECT_EQ(std::memcmp(la.data, lb.data, la.nbytes), 0) << "N = " << n;
+  }
+}
+
+TEST_F(ParallelCli, ProcessOptionsAreChecked) {
+  const std::string base = "logits --model " + fixture_dir("falcon40b-gqa") + " --token-ids " +
+                           prompts_ + " --out " + (dir_ / "x").string();
+  CmdResult r = kestrel(base + " --nnodes 2 --node-rank 2");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("--node-rank 2 outside [0, 2)"), std::string::npos) << r.out;
+  r = kestrel(base + " --nnodes 2 --tensor-parallel 4");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("each process is one rank"), std::string::npos) << r.out;
 }
 
 TEST_F(ParallelCli, GreedyGenerateEqualsSingleRank) {
