@@ -176,14 +176,18 @@ void run_bench(const BenchArgs& a) {
   if (dev == Device::kCuda)
     KESTREL_CHECK(ops::cuda_device_count() > 0, "bench --device cuda: no CUDA device visible");
   KESTREL_CHECK(a.model_dir.empty() != a.preset.empty(), "give --model DIR or --preset NAME");
+  // --nnodes: every process runs the same steps; rank 0 alone prints.
+  if (a.parallel.nnodes > 1 && a.parallel.node_rank != 0)
+    KESTREL_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "cannot silence rank ",
+                  a.parallel.node_rank);
   const double t_load = now_s();
   FalconModel model = [&] {
     if (!a.preset.empty()) {
       FalconConfig c = preset_config(a.preset);
       if (a.layers > 0) c.n_layers = a.layers;
-      KESTREL_CHECK(
-          a.parallel.tensor_parallel == 1,
-          "bench --tensor-parallel needs --model DIR (--preset draws one rank's weights)");
+      KESTREL_CHECK(a.parallel.tensor_parallel == 1 && a.parallel.nnodes == 1,
+                    "bench --tensor-parallel / --nnodes need --model DIR (--preset draws one "
+                    "rank's weights)");
       return FalconModel::random(c, dev, 1);
     }
     return load_model(a.model_dir, dev, a.parallel);
@@ -236,21 +240,25 @@ void run_bench(const BenchArgs& a) {
   for (const auto& shape : parse_shapes(a.decode, 3, "--decode")) {
     const int64_t batch = shape[0], prompt = shape[1], gen = shape[2];
     Workload w(model, batch, prompt + gen, a.block_size);
-    std::vector<double> runs;
+    std::vector<double> runs, comm_runs;
     for (int64_t it = 0; it < std::min<int64_t>(iters, 3) + 1; ++it) {
       w.reset();
       ForwardBatch b = w.batch(prompt, nullptr, rng);
       std::vector<int32_t> next = sample(model.forward_device(b, w.cache()));
       ops::synchronize(dev);
-      const double t0 = now_s();
+      const double t0 = now_s(), comm0 = model.collective_seconds();
       for (int64_t g = 1; g < gen; ++g) {
         ForwardBatch step = w.batch(1, &next, rng);
         next = sample(model.forward_device(step, w.cache()));
       }
       ops::synchronize(dev);
-      if (it > 0) runs.push_back(now_s() - t0);
+      if (it > 0) {
+        runs.push_back(now_s() - t0);
+        comm_runs.push_back(model.collective_seconds() - comm0);
+      }
     }
     const double t = median(runs);
+    const double comm_ms = median(comm_runs) / static_cast<double>(gen - 1) * 1e3;
     const double steps = static_cast<double>(gen - 1);
     const double step_s = t / steps;
     const double tok_s = batch * steps / t;
@@ -261,13 +269,17 @@ void run_bench(const BenchArgs& a) {
                              {"new", gen},
                              {"tok_s", tok_s},
                              {"ms_per_step", step_s * 1e3},
-                             {"bandwidth_tb_s", bytes / step_s / 1e12}});
+                             {"bandwidth_tb_s", bytes / step_s / 1e12},
+                             {"collective_ms_per_step", comm_ms}});
     if (!a.json)
       std::printf(
           "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)\n",
           static_cast<long long>(batch), static_cast<long long>(prompt),
           static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
           100.0 * bytes / step_s / kPeakBandwidth);
+    if (!a.json && model.tensor_parallel() > 1)
+      std::printf("        collectives %.3f ms/step (%.0f%% of the step)\n", comm_ms,
+                  100.0 * comm_ms / (step_s * 1e3));
   }
 
   if (a.first_token_prompt > 0) {
@@ -309,7 +321,7 @@ void add_bench_command(CLI::App& app) {
   static BenchArgs a;
   CLI::App* cmd = app.add_subcommand("bench", "prefill / decode throughput on one device");
   cmd->add_option("--device", a.device, "cuda or cpu")->capture_default_str();
-  add_parallel_options(cmd, a.parallel);
+  add_parallel_options(cmd, a.parallel, /*processes=*/true);
   auto* model = cmd->add_option("--model", a.model_dir, "model folder");
   auto* preset = cmd->add_option("--preset", a.preset,
                                  "random weights on the device: falcon-7b, falcon-40b, "

@@ -61,6 +61,8 @@ class FalconModel {
   int tensor_parallel() const { return tp_.size; }
   // Checkpoint bytes each rank read (its share of the weights); one entry without parallelism.
   std::vector<int64_t> rank_weight_bytes() const;
+  // Wall seconds rank 0 spent in collectives so far (0 without parallelism), for benchmarks.
+  double collective_seconds() const;
   // KV cache bytes of one block over all layers and every rank's K/V heads.
   int64_t kv_bytes_per_block(int64_t block_size) const;
 

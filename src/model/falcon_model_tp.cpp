@@ -148,7 +148,8 @@ FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStor
   };
   FalconModel m = build(rank_config(config, s), device, has_lm_head, load);
   if (!has_lm_head) m.lm_head_ = m.word_embeddings_.rows(0, vmax);
-  m.tp_ = {r, n, std::move(comm), s.vocab.begin, s.vocab.end, read};
+  std::shared_ptr<Communicator> timed = std::make_shared<TimedCommunicator>(std::move(comm));
+  m.tp_ = {r, n, std::move(timed), s.vocab.begin, s.vocab.end, read};
   spdlog::info("tensor parallel {}: {:.1f} MiB of weights", describe(s), read / 1048576.0);
   return m;
 }
@@ -202,6 +203,12 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
   top.tp_.size = n;
   top.group_ = std::move(group);
   return top;
+}
+
+double FalconModel::collective_seconds() const {
+  if (group_) return group_->ranks.front().collective_seconds();
+  const auto* timed = dynamic_cast<const TimedCommunicator*>(tp_.comm.get());
+  return timed ? timed->seconds() : 0.0;
 }
 
 std::vector<int64_t> FalconModel::rank_weight_bytes() const {

@@ -31,6 +31,28 @@ class Communicator {
   virtual void barrier() = 0;
 };
 
+// A communicator that times another: wall seconds spent inside its collectives (they return when
+// done: the in-process ones at their last barrier, NCCL's after a stream sync), for benchmarks.
+class TimedCommunicator final : public Communicator {
+ public:
+  explicit TimedCommunicator(std::shared_ptr<Communicator> inner);
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  void all_reduce_sum(void* buf, size_t count, DType dtype) override;
+  void all_gather(const void* send, void* recv, size_t count, DType dtype) override;
+  void broadcast(void* buf, size_t count, DType dtype, int root) override;
+  void barrier() override;
+  double seconds() const { return seconds_; }
+  int64_t calls() const { return calls_; }
+
+ private:
+  template <typename F>
+  void timed(F&& f);
+  std::shared_ptr<Communicator> inner_;
+  double seconds_ = 0;
+  int64_t calls_ = 0;
+};
+
 // A reusable barrier for `count` threads. The last thread to arrive runs `on_last` (if given)
 // before any thread is released, so it can prepare what every thread reads next.
 class ThreadBarrier {

@@ -1,6 +1,7 @@
 // In-process communicator: ranks are threads; each collective publishes the ranks' buffer
 // pointers, then every rank works on its own chunk of the result between barriers.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -23,6 +24,32 @@ void ThreadBarrier::arrive_and_wait(const std::function<void()>& on_last) {
     return;
   }
   cv_.wait(lock, [&] { return generation_ != gen; });
+}
+
+TimedCommunicator::TimedCommunicator(std::shared_ptr<Communicator> inner)
+    : inner_(std::move(inner)) {
+  KESTREL_CHECK(inner_ != nullptr, "TimedCommunicator: no communicator");
+}
+
+template <typename F>
+void TimedCommunicator::timed(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ++calls_;
+}
+
+void TimedCommunicator::all_reduce_sum(void* buf, size_t count, DType dtype) {
+  timed([&] { inner_->all_reduce_sum(buf, count, dtype); });
+}
+void TimedCommunicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  timed([&] { inner_->all_gather(send, recv, count, dtype); });
+}
+void TimedCommunicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  timed([&] { inner_->broadcast(buf, count, dtype, root); });
+}
+void TimedCommunicator::barrier() {
+  timed([&] { inner_->barrier(); });
 }
 
 namespace {
