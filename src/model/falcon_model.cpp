@@ -14,6 +14,7 @@
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/alibi.h"
+#include "model/falcon_lora.h"
 #include "model/falcon_weights.h"
 
 namespace kestrel {
@@ -191,6 +192,7 @@ void FalconModel::check_batch(const ForwardBatch& b, const KvCache& cache) const
     KESTREL_CHECK(b.kv_lens[s] <= b.max_blocks * cache.block_size(), "forward: sequence ", s,
                   " has kv_len ", b.kv_lens[s], " beyond its ", b.max_blocks, " blocks");
   }
+  check_lora_batch(b, tp_.size, config_.n_layers);
 }
 
 // cos/sin [n_tokens, head_dim / 2] of NeoX rotary, as transformers computes
@@ -276,22 +278,28 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   Tensor mlp_out = empty({n_tokens, hidden});
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const float eps = static_cast<float>(c.layer_norm_epsilon);
+  const LoraPlan lora(b, tp_.rank, c.n_layers);  // this rank's LoRA segments (falcon_lora.cpp)
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const FalconLayerWeights& w = layers_[l];
     ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
     ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv);
+    lora.add(l, LoraModule::kQkv, ln_a, qkv);
     ops::qkv_rotary(qkv, cos, sin, q, k, v);
     ops::kv_write(k, v, slots, cache.k(l), cache.v(l));
     ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
                          max_q_len, alibi_slopes_);
-    ops::linear(attn.view({n_tokens, c.n_heads * d}), w.dense_w, w.dense_b, attn_out);
+    const Tensor attn_flat = attn.view({n_tokens, c.n_heads * d});
+    ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+    lora.add(l, LoraModule::kDense, attn_flat, attn_out);
     if (c.parallel_attn) {
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
       if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn);
+      lora.add(l, LoraModule::kFc1, mlp_in, ffn);
       ops::gelu(ffn);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      lora.add(l, LoraModule::kFc2, ffn, mlp_out);
       if (tp_.comm) {  // row-parallel partial sums: ONE all-reduce for attention + MLP
         ops::add(attn_out, mlp_out, Tensor(), attn_out);
         all_reduce(attn_out);
@@ -304,8 +312,10 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
       ops::add(x, attn_out, Tensor(), x);
       ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       ops::linear(ln_m, w.fc1_w, w.fc1_b, ffn);
+      lora.add(l, LoraModule::kFc1, ln_m, ffn);
       ops::gelu(ffn);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      lora.add(l, LoraModule::kFc2, ffn, mlp_out);
       if (tp_.comm) all_reduce(mlp_out);
       ops::add(x, mlp_out, Tensor(), x);
     }

@@ -34,6 +34,9 @@ BatchRunner::BatchRunner(const FalconModel& model, std::vector<std::vector<int32
                                  options.block_size)) {
   KESTREL_CHECK(options.prefill_chunk >= 0, "prefill chunk must be >= 0, got ",
                 options.prefill_chunk);
+  KESTREL_CHECK(options.adapters.empty() || options.adapters.size() == prompts.size(),
+                "BatchRunner: ", options.adapters.size(), " adapters for ", prompts.size(),
+                " prompts");
   KESTREL_CHECK(!prompts.empty(), "no prompts given");
   const int64_t max_pos = model.config().max_position_embeddings;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -83,6 +86,7 @@ Tensor BatchRunner::step(const std::vector<std::pair<int, int64_t>>& work,
     b.cu_seqlens.push_back(static_cast<int32_t>(b.input_ids.size()));
     b.kv_lens.push_back(static_cast<int32_t>(seq.n_cached + n));
     std::copy(seq.blocks.begin(), seq.blocks.end(), b.block_tables.begin() + i * max_blocks);
+    if (!options_.adapters.empty()) b.adapters.push_back(options_.adapters.at(work[i].first));
   }
   b.lm_head_indices = std::move(lm_rows);
   Tensor logits = model_.forward(b, cache_);

@@ -17,6 +17,9 @@ namespace kestrel {
 struct RunnerOptions {
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;  // tokens per sequence per prefill step; 0: whole prompts
+  // LoRA: one adapter per prompt (nullptr: the base model), or empty: none. The caller keeps
+  // them alive while the runner runs.
+  std::vector<const LoraAdapter*> adapters;
 };
 
 class BatchRunner {
