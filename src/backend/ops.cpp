@@ -124,6 +124,32 @@ Tensor to_device(const Tensor& src, Device device) {
 #endif
 }
 
+void copy_2d(const Tensor& src, int64_t src_offset, int64_t src_stride, Tensor& dst,
+             int64_t dst_offset, int64_t dst_stride, int64_t rows, int64_t width) {
+  KESTREL_CHECK(src.dtype() == dst.dtype() && src.device() == dst.device(),
+                "copy_2d: src and dst differ in dtype or device");
+  KESTREL_CHECK(rows >= 0 && width >= 0 && src_offset >= 0 && dst_offset >= 0 &&
+                    width <= src_stride && width <= dst_stride,
+                "copy_2d: ", rows, " rows of ", width, " with strides ", src_stride, " / ",
+                dst_stride);
+  if (rows == 0 || width == 0) return;
+  KESTREL_CHECK(src_offset + (rows - 1) * src_stride + width <= src.numel() &&
+                    dst_offset + (rows - 1) * dst_stride + width <= dst.numel(),
+                "copy_2d: block of ", rows, " x ", width, " leaves src ", shape_str(src.shape()),
+                " or dst ", shape_str(dst.shape()));
+  const size_t es = dtype_size(src.dtype());
+  const auto* s = static_cast<const char*>(src.raw()) + src_offset * es;
+  auto* d = static_cast<char*>(dst.raw()) + dst_offset * es;
+  if (src.device() == Device::kCpu) {
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(d + i * dst_stride * es, s + i * src_stride * es, width * es);
+    return;
+  }
+#ifdef KESTREL_CUDA
+  cuda::copy_2d(s, src_stride * es, d, dst_stride * es, width * es, rows);
+#endif
+}
+
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype,
                      Device device) {
   const int64_t n = shape_numel(shape);

@@ -30,6 +30,12 @@ DType weight_dtype(Device device);
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype,
                      Device device);
 
+// Copies `rows` rows of `width` elements between two row-major buffers on one device, of one
+// dtype: row i of the block starts at element src_offset + i * src_stride of src and
+// dst_offset + i * dst_stride of dst (a strided re-layout, e.g. vocabulary shards of logits).
+void copy_2d(const Tensor& src, int64_t src_offset, int64_t src_stride, Tensor& dst,
+             int64_t dst_offset, int64_t dst_stride, int64_t rows, int64_t width);
+
 // A new tensor of uniform values in [-amp, amp] (amp 0: all `constant`), from a
 // counter-based hash of (seed, index): the same values on every device.
 Tensor random_uniform(const Shape& shape, DType dtype, Device device, uint64_t seed, float amp,

@@ -183,10 +183,10 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
                                              Device device, int n) {
   const ShardDims dims = shard_dims(config);
   check_tensor_parallel(dims, n);
-  KESTREL_CHECK(device == Device::kCpu || n == 1,
-                "tensor parallelism over several GPUs needs one CUDA stream per device in the "
-                "CUDA backend, which it does not have yet; run --tensor-parallel ",
-                n, " with --device cpu, or 1 on CUDA");
+  KESTREL_CHECK(device == Device::kCpu || n == 1, "--tensor-parallel ", n,
+                " on CUDA in one process needs one CUDA stream per device in the CUDA backend, "
+                "which it does not have yet; run one process per GPU (--nnodes ",
+                n, ", docs/parallel.md) or --device cpu");
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
@@ -298,15 +298,10 @@ Tensor FalconModel::lm_head_sharded(const Tensor& h) const {
   Tensor gathered = Tensor::empty(DType::kF32, {n * n_out, vmax}, device_);
   tp_.comm->all_gather(local.raw(), gathered.raw(), static_cast<size_t>(n_out * vmax), DType::kF32);
   if (n == 1) return gathered;  // vmax == vocab
-  KESTREL_CHECK(device_ == Device::kCpu, "vocabulary-sharded logits over GPUs: not supported yet");
   Tensor logits = Tensor::empty(DType::kF32, {n_out, vocab}, device_);
-  const float* g = gathered.data<float>();
-  float* out = logits.data<float>();
   for (int r = 0; r < n; ++r) {
     const IndexRange v = even_range(vocab, n, r);
-    for (int64_t i = 0; i < n_out; ++i) {
-      std::memcpy(out + i * vocab + v.begin, g + (r * n_out + i) * vmax, v.size() * sizeof(float));
-    }
+    ops::copy_2d(gathered, r * n_out * vmax, vmax, logits, v.begin, vocab, n_out, v.size());
   }
   return logits;
 }

@@ -20,6 +20,9 @@ void synchronize();
 // Converts BF16 on the device to F32 on the host (or F32 device to BF16 device)
 // when the dtypes differ that way; otherwise dtypes must match.
 void copy(const Tensor& src, Tensor& dst);
+// cudaMemcpy2DAsync on kestrel's stream between device buffers (pitches and width in bytes).
+void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, size_t width,
+             int64_t rows);
 // Host weights (F32/F16/BF16) into a new device tensor of `dtype` (BF16 or F32),
 // converted on the GPU after a copy through a pinned staging buffer.
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype);

@@ -209,6 +209,12 @@ DeviceMemoryInfo device_memory_info() {
   return m;
 }
 
+void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, size_t width,
+             int64_t rows) {
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, static_cast<size_t>(rows),
+                               cudaMemcpyDeviceToDevice, stream()));
+}
+
 void copy(const Tensor& src, Tensor& dst) {
   cudaStream_t s = stream();
   const bool src_dev = src.device() == Device::kCuda, dst_dev = dst.device() == Device::kCuda;
