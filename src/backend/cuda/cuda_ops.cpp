@@ -1,6 +1,8 @@
 // The Tensor-level CUDA ops: ops.cpp has checked shapes; here the dtypes the
 // kernels need are checked and the raw pointers handed to kernels.h.
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
@@ -82,9 +84,98 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
   CUDA_CHECK_LAUNCH();
 }
 
-// The CUDA LoRA kernels are being written (issue 10); until then the op says so.
-void lora_add(const Tensor&, const std::vector<ops::LoraSegment>&, Tensor&) {
-  KESTREL_FAIL("lora_add: LoRA adapters on CUDA are not supported yet");
+namespace {
+
+// The segment table's way to the device: a ring of pinned host slots (each written by the
+// host, then copied with cudaMemcpyAsync on kestrel's stream into the one device table that
+// the kernels read; stream order keeps the next copy behind the previous kernels). An event
+// per slot says when its copy has run, so a slot is rewritten only after that.
+constexpr int kLoraSlotSegments = 256;
+constexpr int kLoraSlots = 64;
+
+struct LoraTables {
+  kernels::LoraSegDesc* host = nullptr;    // [kLoraSlots][kLoraSlotSegments], pinned
+  kernels::LoraSegDesc* device = nullptr;  // [kLoraSlotSegments]
+  cudaEvent_t done[kLoraSlots] = {};
+  bool recorded[kLoraSlots] = {};
+  int next = 0;
+};
+
+LoraTables& lora_tables() {
+  static LoraTables* t = [] {
+    ensure_device();
+    auto* st = new LoraTables;
+    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&st->host),
+                              sizeof(kernels::LoraSegDesc) * kLoraSlots * kLoraSlotSegments));
+    CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&st->device),
+                          sizeof(kernels::LoraSegDesc) * kLoraSlotSegments));
+    for (cudaEvent_t& e : st->done)
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return st;
+  }();
+  return *t;
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+}  // namespace
+
+void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Tensor& out) {
+  need("lora_add", "x", x, DType::kBF16);
+  need("lora_add", "out", out, DType::kBF16);
+  const int64_t in = x.dim(1), out_dim = out.dim(1);
+  std::vector<kernels::LoraSegDesc> descs;
+  descs.reserve(segments.size());
+  int max_r = 0;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const ops::LoraSegment& g = segments[i];
+    need("lora_add", "a", *g.a, DType::kBF16);
+    need("lora_add", "b", *g.b, DType::kBF16);
+    const int64_t r = g.a->dim(0);
+    KESTREL_CHECK(r <= kernels::kMaxLoraRank, "lora_add (cuda): segment ", i, " has rank ", r,
+                  ", the CUDA kernels take at most ", kernels::kMaxLoraRank);
+    if (g.end == g.begin || r == 0) continue;
+    kernels::LoraSegDesc d;
+    d.begin = g.begin;
+    d.end = g.end;
+    d.r = static_cast<int32_t>(r);
+    d.scale = g.scale;
+    d.a = bf(*g.a);
+    d.b = bf(*g.b);
+    descs.push_back(d);
+    max_r = std::max(max_r, d.r);
+  }
+  if (descs.empty()) return;
+  Tensor v = Tensor::empty(DType::kF32, {x.dim(0), max_r}, Device::kCuda);
+  LoraTables& tab = lora_tables();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
+  for (size_t c0 = 0; c0 < descs.size(); c0 += kLoraSlotSegments) {
+    const size_t n = std::min<size_t>(kLoraSlotSegments, descs.size() - c0);
+    const int slot = tab.next;
+    tab.next = (tab.next + 1) % kLoraSlots;
+    if (tab.recorded[slot]) CUDA_CHECK(cudaEventSynchronize(tab.done[slot]));
+    kernels::LoraSegDesc* h = tab.host + static_cast<size_t>(slot) * kLoraSlotSegments;
+    int max_rows = 0;
+    bool vec_in = in % 8 == 0 && aligned16(x.raw()), vec_b = true;
+    for (size_t i = 0; i < n; ++i) {
+      h[i] = descs[c0 + i];
+      max_rows = std::max(max_rows, h[i].end - h[i].begin);
+      vec_in = vec_in && aligned16(h[i].a);
+      vec_b = vec_b && h[i].r % 8 == 0 && aligned16(h[i].b);
+    }
+    CUDA_CHECK(cudaMemcpyAsync(tab.device, h, n * sizeof(kernels::LoraSegDesc),
+                               cudaMemcpyHostToDevice, stream()));
+    if (capture == cudaStreamCaptureStatusNone) {
+      CUDA_CHECK(cudaEventRecord(tab.done[slot], stream()));
+      tab.recorded[slot] = true;
+    }
+    kernels::lora_add(tab.device, static_cast<int>(n), max_rows, max_r, vec_in, vec_b, bf(x), in,
+                      v.data<float>(), out_dim, bf_mut(out), stream());
+    CUDA_CHECK_LAUNCH();
+  }
 }
 
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {

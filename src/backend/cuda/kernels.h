@@ -115,4 +115,23 @@ bool attention_mma_supported(const AttentionParams& p);
 size_t attention_workspace_bytes(const AttentionParams& p, int n_sms);
 void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s);
 
+// --- LoRA (lora.cu) -----------------------------------------------------------
+// One segment of ops::lora_add in the device-side table: rows [begin, end) of x and out,
+// a [r, in] and b [out_dim, r] (bf16), scale. 32 bytes.
+struct LoraSegDesc {
+  int32_t begin = 0, end = 0, r = 0;
+  float scale = 1.0f;
+  const uint16_t* a = nullptr;
+  const uint16_t* b = nullptr;
+};
+constexpr int kMaxLoraRank = 128;  // r above it is refused by the host op
+constexpr int kLoraTileRows = 8;   // rows per tile of both kernels
+// out [T, out_dim] (bf16) += scale * (x [T, in] a^T) b^T for each of the n_segments entries of
+// table (a device pointer); v [T, max_r] F32 scratch (rows in no segment are not touched).
+// max_rows: the longest segment; vec_in: in % 8 == 0 and x, every a 16-byte aligned; vec_b:
+// every r % 8 == 0 and every b 16-byte aligned.
+void lora_add(const LoraSegDesc* table, int n_segments, int max_rows, int max_r, bool vec_in,
+              bool vec_b, const uint16_t* x, int64_t in, float* v, int64_t out_dim, uint16_t* out,
+              cudaStream_t s);
+
 }  // namespace kestrel::cuda::kernels
