@@ -3,10 +3,16 @@
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "cli/prompt_input.h"
+#include "core/error.h"
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/falcon_model.h"
 #include "model/runner.h"
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 
 namespace kestrel::cli {
 namespace {
@@ -18,6 +24,7 @@ struct RunArgs {
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;
   std::string device = "cpu";
+  std::string adapters_file;  // logits --adapters
 };
 
 void add_run_options(CLI::App* cmd, RunArgs& a) {
@@ -31,13 +38,52 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
       ->capture_default_str();
 }
 
+// --adapters ADAPTERS.json: a JSON list, one entry per prompt, an adapter folder or null (the
+// base model); each folder is loaded once (docs/lora.md).
+std::vector<std::shared_ptr<const LoraAdapter>> load_adapters(const FalconModel& model,
+                                                              const std::string& path,
+                                                              size_t n_prompts) {
+  std::ifstream in(path);
+  KESTREL_CHECK(in.good(), "--adapters: cannot open ", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    KESTREL_FAIL("--adapters: ", path, " is not valid JSON: ", e.what());
+  }
+  KESTREL_CHECK(j.is_array() && j.size() == n_prompts, "--adapters: ", path,
+                " must be a JSON list with one entry per prompt (", n_prompts, "), not ",
+                j.dump().substr(0, 200));
+  std::map<std::string, std::shared_ptr<const LoraAdapter>> by_dir;
+  std::vector<std::shared_ptr<const LoraAdapter>> out;
+  for (const nlohmann::json& e : j) {
+    if (e.is_null()) {
+      out.push_back(nullptr);
+      continue;
+    }
+    KESTREL_CHECK(e.is_string(), "--adapters: ", path, ": entry ", e.dump(),
+                  " is neither a folder path nor null");
+    const std::string dir = e.get<std::string>();
+    auto& ad = by_dir[dir];
+    if (!ad) ad = model.load_adapter(dir, dir);
+    out.push_back(ad);
+  }
+  return out;
+}
+
 void run_logits(const RunArgs& a, const std::string& out_path) {
   const FalconModel model =
       load_model(a.model_dir, parse_device_arg(a.device, "logits"), a.parallel);
   std::vector<std::vector<int32_t>> prompts = read_token_ids(a.token_ids_file);
   std::vector<int64_t> cu{0};
   for (const auto& p : prompts) cu.push_back(cu.back() + static_cast<int64_t>(p.size()));
-  BatchRunner runner(model, prompts, 0, {a.block_size, a.prefill_chunk});
+  RunnerOptions opt{a.block_size, a.prefill_chunk, {}};
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  if (!a.adapters_file.empty()) {
+    adapters = load_adapters(model, a.adapters_file, prompts.size());
+    for (const auto& ad : adapters) opt.adapters.push_back(ad.get());
+  }
+  BatchRunner runner(model, prompts, 0, opt);
   Tensor logits = runner.prefill(/*all_logits=*/true);
   Tensor cu_t = Tensor::empty(DType::kI64, {static_cast<int64_t>(cu.size())});
   std::copy(cu.begin(), cu.end(), cu_t.data<int64_t>());
@@ -57,6 +103,9 @@ void add_model_commands(CLI::App& app) {
   logits->add_option("--token-ids", logits_args.token_ids_file, "PROMPTS.json: [[ids...], ...]")
       ->required();
   logits->add_option("--out", out_path, "output .safetensors (logits, cu_seqlens)")->required();
+  logits->add_option("--adapters", logits_args.adapters_file,
+                     "ADAPTERS.json: a list, one LoRA adapter folder (or null) per prompt; all "
+                     "prompts still run as one batch");
   logits->callback([] { run_logits(logits_args, out_path); });
 }
 
