@@ -41,45 +41,67 @@ void apply_penalties(const SamplingParams& p, const std::unordered_map<int32_t, 
 }
 
 std::vector<bool> sampling_mask(const SamplingParams& p, const std::vector<float>& probs) {
+  // transformers' warpers in TGI's order (top_k, then top_p, then typical_p),
+  // each over the survivors of the previous one, renormalised (the softmax of
+  // the -inf-masked scores it sees). top_k and top_p keep a prefix of the
+  // order most likely first (ties by id); typical a subset of that prefix.
   const size_t n = probs.size();
-  std::vector<bool> keep(n, true);
+  std::vector<bool> keep(n, false);
+  if (n == 0) return keep;
   std::vector<int32_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  // Most likely first; ties by id, so the mask is deterministic.
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+  // top_k: drop what is below the k-th probability (ties with it stay).
+  size_t m = n;
   if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
-    for (size_t r = p.top_k; r < n; ++r) keep[order[r]] = false;
+    const float kth = probs[order[p.top_k - 1]];
+    m = p.top_k;
+    while (m < n && probs[order[m]] >= kth) ++m;
   }
+  // top_p over the renormalised survivors: rank r stays iff r == 0 or the mass
+  // before it is < top_p (cumulative from the least likely <= 1 - top_p goes).
   if (p.top_p < 1.0f) {
-    // transformers' TopP: drop the tokens whose cumulative probability from the
-    // least likely up is <= 1 - top_p; the most likely always stays.
-    double kept_mass = 0.0;
-    for (size_t r = 0; r < n; ++r) {
-      if (!keep[order[r]]) continue;
-      if (r > 0 && kept_mass >= p.top_p) keep[order[r]] = false;
-      kept_mass += probs[order[r]];
+    double s = 0.0;
+    for (size_t r = 0; r < m; ++r) s += probs[order[r]];
+    double before = 0.0;
+    size_t kept = 1;
+    for (size_t r = 1; r < m; ++r) {
+      before += probs[order[r - 1]];
+      if (before / s >= p.top_p) break;
+      kept = r + 1;
     }
+    m = kept;
   }
+  for (size_t r = 0; r < m; ++r) keep[order[r]] = true;
   if (p.typical_p < 1.0f) {
-    // transformers' Typical: rank by |-log p - entropy|, keep the smallest set
-    // with mass >= typical_p (at least one token).
+    // Typical over the m survivors q = p / s: rank by |-log q - H(q)|, find the
+    // first rank whose cumulative q reaches typical_p, keep every survivor whose
+    // deviation is <= that one's (ties stay, the first always).
+    double s = 0.0;
+    for (size_t r = 0; r < m; ++r) s += probs[order[r]];
+    auto q = [&](int32_t i) { return static_cast<double>(probs[i]) / s; };
     double entropy = 0.0;
-    for (size_t i = 0; i < n; ++i) {
-      if (probs[i] > 0) entropy -= probs[i] * std::log(static_cast<double>(probs[i]));
+    for (size_t r = 0; r < m; ++r) {
+      const double v = q(order[r]);
+      if (v > 0) entropy -= v * std::log(v);
     }
-    std::vector<int32_t> by_dev(order);
-    auto dev = [&](int32_t i) {
-      return probs[i] > 0 ? std::abs(-std::log(static_cast<double>(probs[i])) - entropy) : INFINITY;
-    };
-    std::stable_sort(by_dev.begin(), by_dev.end(),
-                     [&](int32_t a, int32_t b) { return dev(a) < dev(b); });
-    double mass = 0.0;
-    bool done = false;
+    std::vector<int32_t> by_dev(order.begin(), order.begin() + m);
+    std::vector<double> dev(n, INFINITY);
     for (int32_t i : by_dev) {
-      if (done) keep[i] = false;
-      mass += probs[i];
-      if (mass >= p.typical_p) done = true;
+      if (q(i) > 0) dev[i] = std::abs(-std::log(q(i)) - entropy);
+    }
+    std::stable_sort(by_dev.begin(), by_dev.end(),
+                     [&](int32_t a, int32_t b) { return dev[a] < dev[b]; });
+    double mass = 0.0;
+    for (size_t j = 0; j < by_dev.size(); ++j) {
+      mass += q(by_dev[j]);
+      if (mass < p.typical_p) continue;
+      const double limit = dev[by_dev[j]];
+      for (size_t t = j + 1; t < by_dev.size(); ++t) {
+        if (dev[by_dev[t]] > limit) keep[by_dev[t]] = false;
+      }
+      break;
     }
   }
   return keep;
@@ -109,10 +131,8 @@ SampledToken sample_token(const SamplingParams& p, const float* logits, int64_t 
       out.id = static_cast<int32_t>(i);
       if (acc > u) break;
     }
-    // top-k / top-p and typical each keep a token, but their sets can be
-    // disjoint: then the most likely token, as the CUDA sampler picks.
-    if (out.id < 0)
-      out.id = static_cast<int32_t>(std::max_element(probs.begin(), probs.end()) - probs.begin());
+    // The warpers run in sequence, so the kept set is never empty.
+    KESTREL_CHECK(out.id >= 0, "sample_token: no token survived the sampling masks");
   }
   out.logprob = std::log(std::max(probs[out.id], 1e-38f));
   if (p.top_n_tokens > 0) {

@@ -29,7 +29,8 @@ void apply_penalties(const SamplingParams& p, const std::unordered_map<int32_t, 
                      const std::unordered_map<int32_t, int32_t>& generated, float* logits,
                      int64_t vocab);
 
-// The masks of top_k, top_p and typical_p over probabilities `probs` (softmax
+// The masks of top_k, then top_p, then typical_p, each over the survivors of
+// the previous one renormalised (transformers / TGI), over probabilities `probs` (softmax
 // of the temperature-scaled logits): keep[i] is false for filtered tokens.
 // Exposed for tests: they are compared with a plain reference implementation.
 std::vector<bool> sampling_mask(const SamplingParams& p, const std::vector<float>& probs);

@@ -27,9 +27,12 @@ std::vector<bool> reference_mask(const SamplingParams& sp, const std::vector<flo
   std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return p[a] > p[b]; });
   std::vector<bool> keep(n, false);
   size_t k = sp.top_k > 0 ? std::min<size_t>(sp.top_k, n) : n;
+  // top_p sees the top-k survivors renormalised.
+  double mass = 0;
+  for (size_t r = 0; r < k; ++r) mass += p[idx[r]];
   double cum = 0;
   for (size_t r = 0; r < k; ++r) {
-    if (r > 0 && cum >= sp.top_p) break;
+    if (r > 0 && cum / mass >= sp.top_p) break;
     keep[idx[r]] = true;
     cum += p[idx[r]];
   }
@@ -71,22 +74,63 @@ TEST(Sampler, TypicalMaskKeepsSmallestTypicalSet) {
   EXPECT_EQ(sampling_mask(sp, p), want);
 }
 
-// top_k 1 keeps the most likely token; typical_p 0.2 keeps only middle ones
-// (closest to the entropy): nothing survives both. A token is still drawn
-// (the most likely, as on CUDA), never -1 (schemathesis found it as a 500).
-TEST(Sampler, DisjointTopKAndTypicalStillGiveAToken) {
+// top_k 1 keeps the most likely token; typical_p 0.2 alone would keep only
+// middle ones (closest to the entropy). In sequence typical runs over top_k's
+// one survivor, so that token stays and is drawn (the intersected masks of
+// 1058ff0 were disjoint here: -1 was returned, a 500).
+TEST(Sampler, TopKThenTypicalKeepsTheTopKSurvivor) {
   std::vector<float> logits;
   logits.push_back(std::log(0.4f));
   for (int i = 0; i < 10; ++i) logits.push_back(std::log(0.03f));
   for (int i = 0; i < 3000; ++i) logits.push_back(std::log(1e-4f));
   SamplingParams sp;
   sp.do_sample = true;
-  sp.top_k = 1;
   sp.typical_p = 0.2f;
+  const std::vector<bool> typical_alone = sampling_mask(sp, softmax(logits));
+  EXPECT_FALSE(typical_alone[0]);
+  sp.top_k = 1;
   const std::vector<bool> keep = sampling_mask(sp, softmax(logits));
-  EXPECT_EQ(std::count(keep.begin(), keep.end(), true), 0);
+  EXPECT_EQ(std::count(keep.begin(), keep.end(), true), 1);
+  EXPECT_TRUE(keep[0]);
   std::mt19937_64 rng(7);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(sample_token(sp, logits.data(), logits.size(), rng).id, 0);
+}
+
+// Cases where the sequential warpers (transformers / TGI) and masks computed
+// on the unfiltered softmax and intersected differ; the expected masks are
+// worked out by hand in the comments.
+TEST(Sampler, SequentialWarpersHandComputed) {
+  const std::vector<float> p1{0.35f, 0.2f, 0.1f, 0.09f, 0.09f, 0.09f, 0.08f};
+  SamplingParams a;
+  a.top_k = 3;     // survivors 0,1,2: mass 0.65, q0 = 0.538 >= 0.5: only 0 stays
+  a.top_p = 0.5f;  // (intersected: mass before 1 is 0.35 < 0.5, {0, 1})
+  EXPECT_EQ(sampling_mask(a, p1), (std::vector<bool>{1, 0, 0, 0, 0, 0, 0}));
+
+  const std::vector<float> p2{0.5f, 0.2f, 0.15f, 0.1f, 0.05f};
+  SamplingParams b;
+  b.top_p = 0.9f;      // survivors 0..3 (mass before 3 is 0.85), q = .526 .211 .158 .105
+  b.typical_p = 0.5f;  // H(q) = 1.194, deviations .552 .364 .652 1.057: ranks 1, 0 reach .737
+  // (intersected: typical over p keeps 1, 2, 0, so {0, 1, 2})
+  EXPECT_EQ(sampling_mask(b, p2), (std::vector<bool>{1, 1, 0, 0, 0}));
+
+  const std::vector<float> p3{0.4f, 0.2f, 0.15f, 0.1f, 0.08f, 0.07f};
+  SamplingParams c;
+  c.top_k = 3;         // survivors 0,1,2: q = .533 .267 .2
+  c.top_p = 0.75f;     // mass before 2 is .8 >= .75: survivors 0, 1, q = .667 .333
+  c.typical_p = 0.5f;  // H = .637, deviations .231 .462: rank 0 alone reaches .667
+  // (intersected: top_k {0,1,2}, top_p {0,1,2}, typical {1,2,0}: {0, 1, 2})
+  EXPECT_EQ(sampling_mask(c, p3), (std::vector<bool>{1, 0, 0, 0, 0, 0}));
+}
+
+// transformers' top_k keeps every token tied with the k-th score; typical keeps
+// every token whose deviation ties the boundary one.
+TEST(Sampler, TiesAtTheBoundaryStay) {
+  SamplingParams k;
+  k.top_k = 2;
+  EXPECT_EQ(sampling_mask(k, {0.3f, 0.2f, 0.2f, 0.2f, 0.1f}), (std::vector<bool>{1, 1, 1, 1, 0}));
+  SamplingParams t;
+  t.typical_p = 0.3f;  // four equal tokens: all deviate 0 from H, all tie
+  EXPECT_EQ(sampling_mask(t, {0.25f, 0.25f, 0.25f, 0.25f}), (std::vector<bool>{1, 1, 1, 1}));
 }
 
 TEST(Sampler, FrequenciesFollowSoftmaxOverTemperature) {
