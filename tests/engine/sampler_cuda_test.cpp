@@ -57,6 +57,8 @@ std::vector<SamplingParams> param_cases() {
   add(0.5f, 40, 0.95f, 1.0f);
   add(1.0f, 1000, 0.5f, 0.9f);  // all three
   add(2.0f, 1, 1.0f, 1.0f);     // top_k 1
+  add(1.0f, 50, 0.9f, 0.5f);    // sequential: top_p and typical over the survivors
+  add(1.0f, 1, 1.0f, 0.2f);     // typical over top_k's one survivor
   return out;
 }
 
@@ -104,6 +106,46 @@ TEST(SamplerCuda, MasksAndSeededTokensMatchCpu) {
     // The walk in id order over the same u: only a draw within rounding of a
     // boundary may differ.
     EXPECT_GE(same_ids, n - 1) << "vocab " << vocab;
+  }
+}
+
+// The hand-computed sequential cases of sampler_test (and boundary ties): the
+// device masks equal the CPU's, and those the hand-computed ones.
+TEST(SamplerCuda, SequentialHandCasesMatchCpu) {
+  REQUIRE_GPU();
+  struct Case {
+    std::vector<float> p;
+    int32_t k;
+    float top_p, typical;
+    std::vector<bool> want;
+  };
+  const std::vector<Case> cases = {
+      {{0.35f, 0.2f, 0.1f, 0.09f, 0.09f, 0.09f, 0.08f}, 3, 0.5f, 1.0f, {1, 0, 0, 0, 0, 0, 0}},
+      {{0.5f, 0.2f, 0.15f, 0.1f, 0.05f}, 0, 0.9f, 0.5f, {1, 1, 0, 0, 0}},
+      {{0.4f, 0.2f, 0.15f, 0.1f, 0.08f, 0.07f}, 3, 0.75f, 0.5f, {1, 0, 0, 0, 0, 0}},
+      {{0.3f, 0.2f, 0.2f, 0.2f, 0.1f}, 2, 1.0f, 1.0f, {1, 1, 1, 1, 0}},
+      {{0.25f, 0.25f, 0.25f, 0.25f}, 0, 1.0f, 0.3f, {1, 1, 1, 1}},
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const int64_t vocab = static_cast<int64_t>(cases[c].p.size());
+    Tensor logits = Tensor::empty(DType::kF32, {1, vocab});
+    for (int64_t i = 0; i < vocab; ++i) logits.data<float>()[i] = std::log(cases[c].p[i]);
+    SamplingParams sp;
+    sp.do_sample = true;
+    sp.top_k = cases[c].k;
+    sp.top_p = cases[c].top_p;
+    sp.typical_p = cases[c].typical;
+    std::unordered_map<int32_t, int32_t> none;
+    std::mt19937_64 g(3);
+    const std::vector<ops::SampleSpec> specs{device_spec(sp, none, none, g)};
+    std::vector<uint8_t> masks;
+    const std::vector<ops::SampleResult> got =
+        ops::sample_on_device(ops::to_device(logits, Device::kCuda), specs, &masks);
+    const std::vector<bool> keep = sampling_mask(sp, cpu_probs(sp, logits.data<float>(), vocab));
+    EXPECT_EQ(keep, cases[c].want) << "case " << c;
+    for (int64_t i = 0; i < vocab; ++i)
+      EXPECT_EQ(masks[i] != 0, keep[i]) << "case " << c << " token " << i;
+    EXPECT_TRUE(keep[got[0].id]) << "case " << c;
   }
 }
 

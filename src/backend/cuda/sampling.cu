@@ -1,6 +1,7 @@
 // Token sampling on the GPU with the host sampler's semantics (engine/sampler.cpp:
-// penalties, temperature, softmax, then top_k, top_p and typical_p masks over the
-// probabilities sorted most likely first, ties by id, and one draw u in [0, 1)
+// penalties, temperature, softmax, then top_k, top_p and typical_p in sequence,
+// each over the renormalised survivors of the previous one, on the probabilities
+// sorted most likely first, ties by id, and one draw u in [0, 1)
 // from the request's generator, walked in token-id order). Only ids, logprobs
 // and alternatives leave the device.
 #include <cub/cub.cuh>
@@ -120,21 +121,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Typical: entropy of the row and, in sorted order, each token's |-log p - H|
-// (fp64, as the host), keyed for a stable ascending sort of the sorted ranks.
+// Typical over the cut_m[r] survivors of top_k / top_p, q = p / cut_s[r]: the
+// entropy of q and, in sorted order, each survivor's |-log q - H| (fp64, as the
+// host; others infinite), keyed for a stable ascending sort of the sorted ranks.
 __global__ void __launch_bounds__(kThreads)
-    sample_typical_kernel(const float* sorted_p, int64_t vocab, double* dev_keys, int32_t* ranks) {
+    sample_typical_kernel(const float* sorted_p, int64_t vocab, const int32_t* cut_m,
+                          const double* cut_s, double* dev_keys, int32_t* ranks) {
   __shared__ double scratch[32];
   const int64_t r = blockIdx.x;
   const float* sp = sorted_p + r * vocab;
+  const int64_t m = cut_m[r];
+  const double s = cut_s[r];
   double h = 0.0;
-  for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const double q = sp[i];
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+    const double q = sp[i] / s;
     if (q > 0) h -= q * log(q);
   }
   h = block_reduce_sum(h, scratch);
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    const double q = sp[i];
+    const double q = i < m ? sp[i] / s : 0.0;
     dev_keys[r * vocab + i] = q > 0 ? fabs(-log(q) - h) : INFINITY;
     ranks[r * vocab + i] = static_cast<int32_t>(i);
   }
@@ -163,12 +168,51 @@ __device__ ChunkScan chunk_scan(int64_t n, Load load) {
   return c;
 }
 
-// One block per sampled row: keep flags (top_k, top_p over the sorted order,
-// typical over the deviation order), then the draw in id order and the
-// alternatives from the sorted order.
+// top_k then top_p, as a prefix of the sorted order: cut_m[r] survivors of
+// mass cut_s[r]. top_k keeps what ties the k-th probability; top_p keeps rank
+// j iff j == 0 or the mass before it over the top-k mass is < top_p.
+__global__ void __launch_bounds__(kThreads)
+    sample_cut_kernel(const float* sorted_p, int64_t vocab, const SampleRowParams* params,
+                      int32_t* cut_m, double* cut_s) {
+  __shared__ double dscratch[32];
+  const int64_t r = blockIdx.x;
+  const SampleRowParams p = params[r];
+  const float* sp = sorted_p + r * vocab;
+  int64_t m = vocab;
+  if (p.do_sample && p.top_k > 0 && p.top_k < vocab) {
+    const float kth = sp[p.top_k - 1];
+    double c = 0.0;
+    for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) c += sp[i] >= kth ? 1.0 : 0.0;
+    m = static_cast<int64_t>(block_reduce_sum(c, dscratch));
+  }
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) s += sp[i];
+  s = block_reduce_sum(s, dscratch);
+  if (p.do_sample && p.top_p < 1.0f) {
+    ChunkScan c = chunk_scan(m, [&](int64_t j) { return static_cast<double>(sp[j]); });
+    double acc = c.before, kept = 0.0;
+    for (int64_t j = c.begin; j < c.end; ++j) {
+      if (j == 0 || acc / s < p.top_p) kept += 1.0;
+      acc += sp[j];
+    }
+    m = static_cast<int64_t>(block_reduce_sum(kept, dscratch));
+    double s2 = 0.0;
+    for (int64_t i = threadIdx.x; i < m; i += blockDim.x) s2 += sp[i];
+    s = block_reduce_sum(s2, dscratch);
+  }
+  if (threadIdx.x == 0) {
+    cut_m[r] = static_cast<int32_t>(m);
+    cut_s[r] = s;
+  }
+}
+
+// One block per sampled row: keep flags (the top_k / top_p prefix, typical
+// over the deviation order of its survivors), then the draw in id order and
+// the alternatives from the sorted order.
 __global__ void __launch_bounds__(kThreads)
     sample_draw_kernel(const float* probs, const float* sorted_p, const int32_t* sorted_id,
-                       const int32_t* dev_rank, int64_t vocab, const SampleRowParams* params,
+                       const int32_t* dev_rank, const double* dev_keys_sorted, const int32_t* cut_m,
+                       const double* cut_s, int64_t vocab, const SampleRowParams* params,
                        uint8_t* keep, int32_t* out_ids, float* out_logprobs, int32_t* alt_ids,
                        float* alt_logprobs, int32_t max_top_n) {
   __shared__ double dscratch[32];
@@ -180,24 +224,33 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* sid = sorted_id + r * vocab;
   uint8_t* kr = keep + r * vocab;
   if (p.do_sample) {
-    const int64_t k = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;
-    // top_k and top_p: rank j stays iff j < k and (j == 0 or mass before j < top_p).
-    ChunkScan c = chunk_scan(vocab, [&](int64_t j) { return static_cast<double>(sp[j]); });
-    double acc = c.before;
-    for (int64_t j = c.begin; j < c.end; ++j) {
-      bool stay = j < k && (p.top_p >= 1.0f || j == 0 || acc < p.top_p);
-      kr[sid[j]] = stay ? 1 : 0;
-      acc += sp[j];
-    }
+    const int64_t m = cut_m[r];
+    for (int64_t j = threadIdx.x; j < vocab; j += blockDim.x) kr[sid[j]] = j < m ? 1 : 0;
     __syncthreads();
     if (p.typical_p < 1.0f) {
-      // Deviation order j: dropped iff the mass before it reaches typical_p.
+      // Deviation order j over the survivors' q: the first j whose cumulative q
+      // reaches typical_p sets the limit; deviations above it go (ties stay).
       const int32_t* dr = dev_rank + r * vocab;
-      ChunkScan d = chunk_scan(vocab, [&](int64_t j) { return static_cast<double>(sp[dr[j]]); });
+      const double* dk = dev_keys_sorted + r * vocab;
+      const double s = cut_s[r];
+      __shared__ int32_t first;
+      if (threadIdx.x == 0) first = 0x7fffffff;
+      auto q = [&](int64_t j) { return dr[j] < m ? static_cast<double>(sp[dr[j]]) / s : 0.0; };
+      ChunkScan d = chunk_scan(vocab, q);
       double dacc = d.before;
       for (int64_t j = d.begin; j < d.end; ++j) {
-        if (j > 0 && dacc >= p.typical_p) kr[sid[dr[j]]] = 0;
-        dacc += sp[dr[j]];
+        dacc += q(j);
+        if (dacc >= p.typical_p) {
+          atomicMin(&first, static_cast<int32_t>(j));
+          break;
+        }
+      }
+      __syncthreads();
+      if (first != 0x7fffffff) {
+        const double limit = dk[first];
+        for (int64_t j = first + 1 + threadIdx.x; j < vocab; j += blockDim.x) {
+          if (dk[j] > limit) kr[sid[dr[j]]] = 0;
+        }
       }
       __syncthreads();
     }
@@ -247,8 +300,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 struct Layout {
-  size_t x, probs, iota, sorted_p, sorted_id, dev_keys, dev_keys_sorted, ranks, ranks_sorted, keep,
-      offsets, cub1, cub2, total;
+  size_t x, probs, iota, sorted_p, sorted_id, cut_m, cut_s, dev_keys, dev_keys_sorted, ranks,
+      ranks_sorted, keep, offsets, cub1, cub2, total;
   size_t cub1_bytes, cub2_bytes;
 };
 
@@ -267,6 +320,8 @@ Layout layout(int64_t n, int64_t vocab, bool typical) {
   l.sorted_p = take(nv * 4);
   l.sorted_id = take(nv * 4);
   l.keep = take(nv);
+  l.cut_m = take(static_cast<size_t>(n) * 4);
+  l.cut_s = take(static_cast<size_t>(n) * 8);
   l.offsets = take(static_cast<size_t>(n + 1) * 4);
   size_t cub1 = 0, cub2 = 0;
   cub::DeviceSegmentedRadixSort::SortPairsDescending(
@@ -326,21 +381,25 @@ void sample_rows(const SampleRowsArgs& a, void* workspace, cudaStream_t s) {
   cub::DeviceSegmentedRadixSort::SortPairsDescending(w + l.cub1, cub1, probs, sorted_p, iota,
                                                      sorted_id, nv, static_cast<int>(n), off,
                                                      off + 1, 0, 32, s);
+  int32_t* cut_m = reinterpret_cast<int32_t*>(w + l.cut_m);
+  double* cut_s = reinterpret_cast<double*>(w + l.cut_s);
+  sample_cut_kernel<<<n, kThreads, 0, s>>>(sorted_p, a.vocab, a.params, cut_m, cut_s);
   int32_t* ranks_sorted = nullptr;
+  double* keys_sorted = nullptr;
   if (a.typical) {
     double* keys = reinterpret_cast<double*>(w + l.dev_keys);
-    double* keys_sorted = reinterpret_cast<double*>(w + l.dev_keys_sorted);
+    keys_sorted = reinterpret_cast<double*>(w + l.dev_keys_sorted);
     int32_t* ranks = reinterpret_cast<int32_t*>(w + l.ranks);
     ranks_sorted = reinterpret_cast<int32_t*>(w + l.ranks_sorted);
-    sample_typical_kernel<<<n, kThreads, 0, s>>>(sorted_p, a.vocab, keys, ranks);
+    sample_typical_kernel<<<n, kThreads, 0, s>>>(sorted_p, a.vocab, cut_m, cut_s, keys, ranks);
     size_t cub2 = l.cub2_bytes;
     cub::DeviceSegmentedRadixSort::SortPairs(w + l.cub2, cub2, keys, keys_sorted, ranks,
                                              ranks_sorted, nv, static_cast<int>(n), off, off + 1, 0,
                                              64, s);
   }
-  sample_draw_kernel<<<n, kThreads, 0, s>>>(probs, sorted_p, sorted_id, ranks_sorted, a.vocab,
-                                            a.params, keep, a.out_ids, a.out_logprobs, a.alt_ids,
-                                            a.alt_logprobs, a.max_top_n);
+  sample_draw_kernel<<<n, kThreads, 0, s>>>(probs, sorted_p, sorted_id, ranks_sorted, keys_sorted,
+                                            cut_m, cut_s, a.vocab, a.params, keep, a.out_ids,
+                                            a.out_logprobs, a.alt_ids, a.alt_logprobs, a.max_top_n);
   if (a.keep_out != nullptr) {
     cudaMemcpyAsync(a.keep_out, keep, static_cast<size_t>(nv), cudaMemcpyDeviceToDevice, s);
   }
