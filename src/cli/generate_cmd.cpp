@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/adapters_arg.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "cli/prompt_input.h"
@@ -25,6 +26,7 @@ struct GenerateArgs {
   std::string model_dir;
   ParallelArgs parallel;
   std::string token_ids_file;
+  std::string adapters_file;  // --adapters: one LoRA adapter folder (or null) per prompt
   std::vector<std::string> prompts;
   std::string device = "cpu";
   int64_t block_size = 16;
@@ -152,8 +154,10 @@ void run_generate(const GenerateArgs& g) {
   if (g.max_new_tokens > 0) {
     Engine engine(model, tok, engine_options(g, prompts));
     std::vector<GenerationRequest> requests;
+    std::vector<std::shared_ptr<const LoraAdapter>> adapters(prompts.size());
+    if (!g.adapters_file.empty()) adapters = load_adapters(*model, g.adapters_file, prompts.size());
     for (size_t i = 0; i < prompts.size(); ++i)
-      requests.push_back({prompts[i], sampling_params(g, i)});
+      requests.push_back({prompts[i], sampling_params(g, i), adapters[i]});
     // Queued at once, so they start in one step and a run repeats exactly.
     const auto handles = engine.submit_all(std::move(requests));
     // All run together; prompt i's text streams once the ones before it ended.
@@ -209,6 +213,9 @@ void add_generate_command(CLI::App& app) {
   add_parallel_options(cmd, g.parallel);
   auto* ids = cmd->add_option("--token-ids", g.token_ids_file, "PROMPTS.json: [[ids...], ...]");
   auto* text = cmd->add_option("--prompt", g.prompts, "prompt text (repeatable)");
+  cmd->add_option("--adapters", g.adapters_file,
+                  "ADAPTERS.json: a list, one LoRA adapter folder (or null) per prompt; all "
+                  "prompts still run as one batch");
   ids->excludes(text);
   cmd->add_option("--max-new-tokens", g.max_new_tokens, "tokens to generate per prompt")
       ->capture_default_str()

@@ -1,5 +1,6 @@
 // `kestrel logits`: every prompt token's logits from one ragged prefill batch
 // through the paged KV cache (the parity checks call exactly this).
+#include "cli/adapters_arg.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "cli/prompt_input.h"
@@ -36,39 +37,6 @@ void add_run_options(CLI::App* cmd, RunArgs& a) {
   cmd->add_option("--prefill-chunk", a.prefill_chunk,
                   "prefill each prompt in chunks of N tokens through the cache (0: whole)")
       ->capture_default_str();
-}
-
-// --adapters ADAPTERS.json: a JSON list, one entry per prompt, an adapter folder or null (the
-// base model); each folder is loaded once (docs/lora.md).
-std::vector<std::shared_ptr<const LoraAdapter>> load_adapters(const FalconModel& model,
-                                                              const std::string& path,
-                                                              size_t n_prompts) {
-  std::ifstream in(path);
-  KESTREL_CHECK(in.good(), "--adapters: cannot open ", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    KESTREL_FAIL("--adapters: ", path, " is not valid JSON: ", e.what());
-  }
-  KESTREL_CHECK(j.is_array() && j.size() == n_prompts, "--adapters: ", path,
-                " must be a JSON list with one entry per prompt (", n_prompts, "), not ",
-                j.dump().substr(0, 200));
-  std::map<std::string, std::shared_ptr<const LoraAdapter>> by_dir;
-  std::vector<std::shared_ptr<const LoraAdapter>> out;
-  for (const nlohmann::json& e : j) {
-    if (e.is_null()) {
-      out.push_back(nullptr);
-      continue;
-    }
-    KESTREL_CHECK(e.is_string(), "--adapters: ", path, ": entry ", e.dump(),
-                  " is neither a folder path nor null");
-    const std::string dir = e.get<std::string>();
-    auto& ad = by_dir[dir];
-    if (!ad) ad = model.load_adapter(dir, dir);
-    out.push_back(ad);
-  }
-  return out;
 }
 
 void run_logits(const RunArgs& a, const std::string& out_path) {

@@ -158,6 +158,7 @@ std::shared_ptr<Sequence> Engine::Impl::prepare(GenerationRequest req,
   s->handle = std::shared_ptr<RequestHandle>(new RequestHandle(s->id));
   s->handle->callback_ = std::move(callback);
   s->params = req.params;
+  s->adapter = req.adapter;
   s->prompt_len = n;
   s->tokens = std::move(req.prompt_ids);
   const uint64_t seed = req.params.seed ? *req.params.seed : std::random_device{}();

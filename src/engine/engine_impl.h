@@ -35,7 +35,8 @@ struct Sequence {
   uint64_t id = 0;  // the request's id (shared by best_of candidates)
   std::shared_ptr<RequestHandle> handle;
   SamplingParams params;
-  std::vector<int32_t> tokens;  // prompt + generated
+  std::shared_ptr<const LoraAdapter> adapter;  // null: the base model
+  std::vector<int32_t> tokens;                 // prompt + generated
   int64_t prompt_len = 0;
   int64_t n_computed = 0;  // tokens whose K/V are in the cache
   std::vector<int32_t> blocks;

@@ -18,7 +18,9 @@ uint64_t Engine::Impl::block_hash(Sequence& s, size_t k) {
   KESTREL_CHECK((k + 1) * bs <= s.tokens.size(), "prefix cache: block ", k, " is not full");
   while (s.hashes.size() <= k) {
     const size_t j = s.hashes.size();
-    const uint64_t parent = j == 0 ? 0 : s.hashes[j - 1];
+    // The chain starts from the adapter's key: KV computed under one adapter is never reused
+    // under another or the base model.
+    const uint64_t parent = j == 0 ? (s.adapter ? s.adapter->cache_key() : 0) : s.hashes[j - 1];
     s.hashes.push_back(block_prefix_hash(parent, s.tokens.data() + j * bs, opt.block_size));
   }
   return s.hashes[k];
@@ -231,7 +233,10 @@ void Engine::Impl::forward_and_sample(std::vector<StepWork>& work) {
     b.kv_lens.push_back(static_cast<int32_t>(s.n_computed + w.n));
     std::copy(s.blocks.begin(), s.blocks.end(), b.block_tables.begin() + i * max_blocks);
     if (s.n_computed + w.n == total) sampled.push_back(&w);
+    b.adapters.push_back(s.adapter.get());
   }
+  if (std::all_of(b.adapters.begin(), b.adapters.end(), [](auto* a) { return !a; }))
+    b.adapters.clear();  // no LoRA in this step
   const bool no_rows = b.lm_head_indices.empty();
   if (no_rows) b.lm_head_indices.push_back(0);  // cache-only step
   const auto t_model = Clock::now();

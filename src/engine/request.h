@@ -12,9 +12,14 @@
 
 namespace kestrel {
 
+class LoraAdapter;
+
 struct GenerationRequest {
   std::vector<int32_t> prompt_ids;
   SamplingParams params;
+  // LoRA (docs/lora.md): the adapter this request runs under (made by the engine's model's
+  // load_adapter / random_adapter), or null for the base model.
+  std::shared_ptr<const LoraAdapter> adapter;
 };
 
 enum class FinishReason : uint8_t { kLength, kEosToken, kStopSequence, kCancelled };

@@ -60,5 +60,45 @@ TEST(LoraCli, LogitsWithOneAdapterPerPrompt) {
   fs::remove_all(dir);
 }
 
+// generate on the engine: one request per prompt, each with its adapter, all in one batch; the
+// same long prompt under two adapters and the base model.
+TEST(LoraCli, GenerateWithOneAdapterPerPrompt) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("kestrel_lora_cli_gen_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const Expected base("falcon40b-gqa"), lora("lora-falcon40b-gqa");
+  const std::vector<int64_t> prompt_of = {0, 1, 2, 2, 2};
+  const std::vector<std::string> names = {"a1-r8-attn", "", "a3-r16-all-rslora-f16", "",
+                                          "a1-r8-attn"};
+  std::vector<std::vector<int32_t>> prompts;
+  nlohmann::json adapters = nlohmann::json::array();
+  for (size_t i = 0; i < prompt_of.size(); ++i) {
+    prompts.push_back(base.prompts[prompt_of[i]]);
+    if (names[i].empty()) {
+      adapters.push_back(nullptr);
+    } else {
+      adapters.push_back(fixture_dir("lora-falcon40b-gqa/adapters/" + names[i]));
+    }
+  }
+  const std::string prompts_path = (dir / "prompts.json").string();
+  std::ofstream(prompts_path) << nlohmann::json(prompts).dump();
+  const std::string adapters_path = (dir / "adapters.json").string();
+  std::ofstream(adapters_path) << adapters.dump();
+  const test::CmdResult r = test::run_kestrel(
+      "generate --model " + fixture_dir("falcon40b-gqa") + " --token-ids " + prompts_path +
+          " --adapters " + adapters_path + " --max-new-tokens 12 --greedy --json --ignore-eos",
+      false);
+  ASSERT_EQ(r.status, 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["outputs"].size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t* g =
+        names[i].empty() ? base.i64("greedy_ids") : lora.i64(names[i] + ".greedy_ids");
+    const std::vector<int64_t> want(g + prompt_of[i] * 12, g + (prompt_of[i] + 1) * 12);
+    EXPECT_EQ(j["outputs"][i]["token_ids"].get<std::vector<int64_t>>(), want) << "entry " << i;
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kestrel
