@@ -4,8 +4,8 @@
 //   expand: out[row, o] += scale * sum_j v[row, j] * b[o, j]   (bf16 out, fp32 sums)
 // Both walk tiles of kLoraTileRows rows of one segment, so a and b are read once per tile
 // (decode: a segment is one row, one tile; prefill: a tile of 8 rows reads a / b once).
-// No atomics: each shrink block owns kShrinkRanks ranks of one tile over the whole input
-// dimension (split over its 8 warps, reduced in shared memory), so results are deterministic.
+// No atomics: each shrink block owns 4 ranks (1 when the grid is small) of one tile over the whole
+// input dimension (split over its 8 warps, reduced in shared memory), so results are deterministic.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -16,7 +16,7 @@ namespace kestrel::cuda::kernels {
 namespace {
 
 constexpr int kTile = kLoraTileRows;  // rows per tile
-constexpr int kShrinkRanks = 4;       // ranks per shrink block
+constexpr int kShrinkRanksMax = 4;    // ranks per shrink block (1 when the grid is small)
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kExpandCols = 256;  // out columns per expand block (one per thread)
@@ -44,7 +44,7 @@ __device__ __forceinline__ void load_bf16(const uint16_t* p, float (&f)[E]) {
 
 // grid (tiles, segments, ceil(max_r / kShrinkRanks)); E = 8 needs in % 8 == 0 and 16-byte
 // aligned x and a.
-template <int E>
+template <int E, int kShrinkRanks>
 __global__ void __launch_bounds__(kThreads)
     lora_shrink_kernel(const LoraSegDesc* __restrict__ table, const uint16_t* __restrict__ x,
                        int64_t in, float* __restrict__ v, int v_stride) {
@@ -165,12 +165,20 @@ void lora_add(const LoraSegDesc* table, int n_segments, int max_rows, int max_r,
               cudaStream_t s) {
   if (n_segments == 0 || max_rows == 0 || max_r == 0) return;
   const unsigned tiles = static_cast<unsigned>((max_rows + kTile - 1) / kTile);
+  // Few blocks (decode: one tile per segment) read a at a few SMs' bandwidth: one rank a block
+  // then gives 4x the blocks.
+  const unsigned groups4 = static_cast<unsigned>((max_r + kShrinkRanksMax - 1) / kShrinkRanksMax);
+  const bool small = static_cast<int64_t>(tiles) * n_segments * groups4 < 264;
   const dim3 gs(tiles, static_cast<unsigned>(n_segments),
-                static_cast<unsigned>((max_r + kShrinkRanks - 1) / kShrinkRanks));
-  if (vec_in)
-    lora_shrink_kernel<8><<<gs, kThreads, 0, s>>>(table, x, in, v, max_r);
+                small ? static_cast<unsigned>(max_r) : groups4);
+  if (vec_in && small)
+    lora_shrink_kernel<8, 1><<<gs, kThreads, 0, s>>>(table, x, in, v, max_r);
+  else if (vec_in)
+    lora_shrink_kernel<8, 4><<<gs, kThreads, 0, s>>>(table, x, in, v, max_r);
+  else if (small)
+    lora_shrink_kernel<1, 1><<<gs, kThreads, 0, s>>>(table, x, in, v, max_r);
   else
-    lora_shrink_kernel<1><<<gs, kThreads, 0, s>>>(table, x, in, v, max_r);
+    lora_shrink_kernel<1, 4><<<gs, kThreads, 0, s>>>(table, x, in, v, max_r);
   const dim3 ge(tiles, static_cast<unsigned>(n_segments),
                 static_cast<unsigned>((out_dim + kExpandCols - 1) / kExpandCols));
   if (vec_b)
