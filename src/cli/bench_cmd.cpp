@@ -44,6 +44,10 @@ struct BenchArgs {
   int64_t block_size = 16;
   bool json = false;
   std::string engine_levels = "auto";  // "auto": 1,8,64 on the CPU, none on CUDA
+  // LoRA: each decode shape again with N random adapters over its sequences (0: off).
+  std::string lora_adapters;  // "8,32": one run per count (empty: none)
+  int64_t lora_rank = 16;
+  std::string lora_modules = "all";
   EngineBenchArgs engine;
 };
 
@@ -100,6 +104,7 @@ class Workload {
   // Every sequence appends n tokens (random ids, or `ids` [n_seqs] when n is 1).
   ForwardBatch batch(int64_t n, const std::vector<int32_t>* ids, std::mt19937& rng) {
     ForwardBatch b;
+    b.adapters = adapters_;
     const int64_t n_seqs = static_cast<int64_t>(lens_.size());
     b.max_blocks = static_cast<int32_t>(blocks_per_seq_);
     b.cu_seqlens.push_back(0);
@@ -122,13 +127,36 @@ class Workload {
   }
   void reset() { std::fill(lens_.begin(), lens_.end(), 0); }
   KvCache& cache() { return cache_; }
+  // One adapter per sequence (empty: none), kept alive by the caller.
+  void set_adapters(std::vector<const LoraAdapter*> a) { adapters_ = std::move(a); }
 
  private:
   const FalconModel& model_;
   int64_t bs_, blocks_per_seq_;
   KvCache cache_;
   std::vector<int64_t> lens_;
+  std::vector<const LoraAdapter*> adapters_;
 };
+
+std::vector<LoraModule> parse_lora_modules(const std::string& text) {
+  if (text == "all")
+    return {LoraModule::kQkv, LoraModule::kDense, LoraModule::kFc1, LoraModule::kFc2};
+  std::vector<LoraModule> out;
+  std::stringstream ss(text);
+  std::string name;
+  while (std::getline(ss, name, ',')) {
+    bool found = false;
+    for (int m = 0; m < kLoraModules; ++m) {
+      if (name == lora_module_name(static_cast<LoraModule>(m)) || (name == "qkv" && m == 0)) {
+        out.push_back(static_cast<LoraModule>(m));
+        found = true;
+      }
+    }
+    KESTREL_CHECK(found, "--lora-modules: unknown module '", name,
+                  "' (query_key_value or qkv, dense, dense_h_to_4h, dense_4h_to_h, or all)");
+  }
+  return out;
+}
 
 // Greedy next tokens of logits [n, vocab] on the model's device, as host ids.
 std::vector<int32_t> sample(const Tensor& logits) {
@@ -237,49 +265,87 @@ void run_bench(const BenchArgs& a) {
                   flops / t / 1e12, 100.0 * flops / t / kPeakFlops);
   }
 
+  std::vector<int64_t> lora_counts;
+  for (const auto& v : parse_shapes(a.lora_adapters, 1, "--lora-adapters"))
+    lora_counts.push_back(v[0]);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  if (!lora_counts.empty()) {
+    const std::vector<LoraModule> modules = parse_lora_modules(a.lora_modules);
+    const int64_t most = *std::max_element(lora_counts.begin(), lora_counts.end());
+    for (int64_t i = 0; i < most; ++i)
+      adapters.push_back(
+          model.random_adapter("bench-" + std::to_string(i), a.lora_rank, modules, 100 + i));
+    if (!a.json)
+      std::printf("lora: %lld random adapters of rank %lld on %s, %.1f MiB each\n",
+                  static_cast<long long>(most), static_cast<long long>(a.lora_rank),
+                  a.lora_modules.c_str(), adapters[0]->bytes() / 1048576.0);
+  }
+
   for (const auto& shape : parse_shapes(a.decode, 3, "--decode")) {
     const int64_t batch = shape[0], prompt = shape[1], gen = shape[2];
-    Workload w(model, batch, prompt + gen, a.block_size);
-    std::vector<double> runs, comm_runs;
-    for (int64_t it = 0; it < std::min<int64_t>(iters, 3) + 1; ++it) {
-      w.reset();
-      ForwardBatch b = w.batch(prompt, nullptr, rng);
-      std::vector<int32_t> next = sample(model.forward_device(b, w.cache()));
-      ops::synchronize(dev);
-      const double t0 = now_s(), comm0 = model.collective_seconds();
-      for (int64_t g = 1; g < gen; ++g) {
-        ForwardBatch step = w.batch(1, &next, rng);
-        next = sample(model.forward_device(step, w.cache()));
+    // n_adapters 0: the base model; else sequence s takes adapter s * n / batch (equal adapters
+    // consecutive, as the engine orders them).
+    auto run = [&](int64_t n_adapters, double base_tok_s) {
+      Workload w(model, batch, prompt + gen, a.block_size);
+      if (n_adapters > 0) {
+        std::vector<const LoraAdapter*> per_seq;
+        for (int64_t s = 0; s < batch; ++s)
+          per_seq.push_back(adapters[static_cast<size_t>(s * n_adapters / batch)].get());
+        w.set_adapters(std::move(per_seq));
       }
-      ops::synchronize(dev);
-      if (it > 0) {
-        runs.push_back(now_s() - t0);
-        comm_runs.push_back(model.collective_seconds() - comm0);
+      std::vector<double> runs, comm_runs;
+      for (int64_t it = 0; it < std::min<int64_t>(iters, 3) + 1; ++it) {
+        w.reset();
+        ForwardBatch b = w.batch(prompt, nullptr, rng);
+        std::vector<int32_t> next = sample(model.forward_device(b, w.cache()));
+        ops::synchronize(dev);
+        const double t0 = now_s(), comm0 = model.collective_seconds();
+        for (int64_t g = 1; g < gen; ++g) {
+          ForwardBatch step = w.batch(1, &next, rng);
+          next = sample(model.forward_device(step, w.cache()));
+        }
+        ops::synchronize(dev);
+        if (it > 0) {
+          runs.push_back(now_s() - t0);
+          comm_runs.push_back(model.collective_seconds() - comm0);
+        }
       }
-    }
-    const double t = median(runs);
-    const double comm_ms = median(comm_runs) / static_cast<double>(gen - 1) * 1e3;
-    const double steps = static_cast<double>(gen - 1);
-    const double step_s = t / steps;
-    const double tok_s = batch * steps / t;
-    const double avg_ctx = prompt + gen / 2.0;
-    const double bytes = costs.weight_bytes + batch * avg_ctx * costs.kv_bytes_per_token;
-    out["decode"].push_back({{"batch", batch},
-                             {"prompt", prompt},
-                             {"new", gen},
-                             {"tok_s", tok_s},
-                             {"ms_per_step", step_s * 1e3},
-                             {"bandwidth_tb_s", bytes / step_s / 1e12},
-                             {"collective_ms_per_step", comm_ms}});
-    if (!a.json)
-      std::printf(
-          "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)\n",
-          static_cast<long long>(batch), static_cast<long long>(prompt),
-          static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
-          100.0 * bytes / step_s / kPeakBandwidth);
-    if (!a.json && model.tensor_parallel() > 1)
-      std::printf("        collectives %.3f ms/step (%.0f%% of the step)\n", comm_ms,
-                  100.0 * comm_ms / (step_s * 1e3));
+      const double t = median(runs);
+      const double comm_ms = median(comm_runs) / static_cast<double>(gen - 1) * 1e3;
+      const double steps = static_cast<double>(gen - 1);
+      const double step_s = t / steps;
+      const double tok_s = batch * steps / t;
+      const double avg_ctx = prompt + gen / 2.0;
+      const double bytes = costs.weight_bytes + batch * avg_ctx * costs.kv_bytes_per_token;
+      nlohmann::json row = {{"batch", batch},
+                            {"prompt", prompt},
+                            {"new", gen},
+                            {"tok_s", tok_s},
+                            {"ms_per_step", step_s * 1e3},
+                            {"bandwidth_tb_s", bytes / step_s / 1e12},
+                            {"collective_ms_per_step", comm_ms}};
+      if (n_adapters > 0) {
+        row["lora_adapters"] = n_adapters;
+        row["lora_rank"] = a.lora_rank;
+        row["ratio_to_base"] = tok_s / base_tok_s;
+      }
+      out["decode"].push_back(row);
+      if (!a.json && n_adapters == 0)
+        std::printf(
+            "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)\n",
+            static_cast<long long>(batch), static_cast<long long>(prompt),
+            static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
+            100.0 * bytes / step_s / kPeakBandwidth);
+      if (!a.json && n_adapters > 0)
+        std::printf("  + %3lld LoRA adapters  %10.0f tok/s  %8.3f ms/step  %.2f of the base rate\n",
+                    static_cast<long long>(n_adapters), tok_s, step_s * 1e3, tok_s / base_tok_s);
+      if (!a.json && model.tensor_parallel() > 1)
+        std::printf("        collectives %.3f ms/step (%.0f%% of the step)\n", comm_ms,
+                    100.0 * comm_ms / (step_s * 1e3));
+      return tok_s;
+    };
+    const double base = run(0, 0.0);
+    for (int64_t n : lora_counts) run(std::min(n, batch), base);
   }
 
   if (a.first_token_prompt > 0) {
@@ -347,6 +413,13 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--engine-requests", a.engine.requests,
                   "engine benchmark: requests per run (0: max(4 x concurrency, 16))")
+      ->capture_default_str();
+  cmd->add_option("--lora-adapters", a.lora_adapters,
+                  "N,...: each decode shape again with N random LoRA adapters over its sequences")
+      ->capture_default_str();
+  cmd->add_option("--lora-rank", a.lora_rank, "rank of the random adapters")->capture_default_str();
+  cmd->add_option("--lora-modules", a.lora_modules,
+                  "all, or a list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h")
       ->capture_default_str();
   cmd->add_flag("--json", a.json, "print only the JSON result");
   cmd->callback([] { run_bench(a); });
