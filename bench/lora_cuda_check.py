@@ -16,9 +16,9 @@ worst = 0.0
 tmp = tempfile.mkdtemp()
 for fx in ("lora-falcon40b-gqa", "lora-falcon7b-mqa", "lora-e2e-falcon7b-fullvocab"):
     meta = json.load(open(f"{DATA}/{fx}/fixture.json"))
-    base = meta["base"]
+    base = os.path.normpath(os.path.join(DATA, fx, meta["base"]))  # "../NAME" in fixture.json
     exp = load_file(f"{DATA}/{fx}/expected.safetensors")
-    bexp = load_file(f"{DATA}/{base}/expected.safetensors")
+    bexp = load_file(f"{base}/expected.safetensors")
     ids, cu = bexp["prompt_ids"].tolist(), bexp["cu_seqlens"].tolist()
     prompts = [ids[cu[i]:cu[i + 1]] for i in range(len(cu) - 1)]
     names = sorted(os.listdir(f"{DATA}/{fx}/adapters"))
@@ -36,7 +36,7 @@ for fx in ("lora-falcon40b-gqa", "lora-falcon7b-mqa", "lora-e2e-falcon7b-fullvoc
         pj, aj, oj = (os.path.join(tmp, x) for x in ("p.json", "a.json", "o.safetensors"))
         json.dump([prompts[p] for p, _ in entries], open(pj, "w"))
         json.dump([None if a is None else f"{DATA}/{fx}/adapters/{a}" for _, a in entries], open(aj, "w"))
-        r = subprocess.run([BIN, "logits", "--device", "cuda", "--model", f"{DATA}/{base}", "--token-ids", pj,
+        r = subprocess.run([BIN, "logits", "--device", "cuda", "--model", base, "--token-ids", pj,
                             "--adapters", aj, "--out", oj], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{fx} {label}: rc {r.returncode} {r.stderr[-400:]}")
