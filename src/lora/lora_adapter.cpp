@@ -21,6 +21,20 @@ const char* lora_module_name(LoraModule m) {
   return "?";
 }
 
+const char* lora_module_path(LoraModule m) {
+  switch (m) {
+    case LoraModule::kQkv:
+      return "self_attention.query_key_value";
+    case LoraModule::kDense:
+      return "self_attention.dense";
+    case LoraModule::kFc1:
+      return "mlp.dense_h_to_4h";
+    case LoraModule::kFc2:
+      return "mlp.dense_4h_to_h";
+  }
+  return "?";
+}
+
 LoraAdapter::LoraAdapter(std::string name, std::string source, int n_ranks, int64_t n_layers)
     : name_(std::move(name)), source_(std::move(source)), n_layers_(n_layers) {
   KESTREL_CHECK(n_ranks >= 1 && n_layers >= 0, "LoraAdapter: ", n_ranks, " ranks, ", n_layers,

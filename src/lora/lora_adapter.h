@@ -21,6 +21,9 @@ enum class LoraModule : uint8_t { kQkv = 0, kDense, kFc1, kFc2 };
 inline constexpr int kLoraModules = 4;
 // "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h".
 const char* lora_module_name(LoraModule m);
+// The module's path inside a layer ("transformer.h.N." + this): "self_attention.query_key_value",
+// "self_attention.dense", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h".
+const char* lora_module_path(LoraModule m);
 
 // adapter_config.json, the keys kestrel uses. from_file throws kestrel::Error naming the file and
 // the key for anything it cannot honour (DoRA, fan_in_fan_out, modules_to_save, bias training,

@@ -13,21 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-// The module paths inside a layer, "transformer.h.N." + this.
-const char* module_path(LoraModule m) {
-  switch (m) {
-    case LoraModule::kQkv:
-      return "self_attention.query_key_value";
-    case LoraModule::kDense:
-      return "self_attention.dense";
-    case LoraModule::kFc1:
-      return "mlp.dense_h_to_4h";
-    case LoraModule::kFc2:
-      return "mlp.dense_4h_to_h";
-  }
-  return "?";
-}
-
 bool ends_with_key(const std::string& name, const std::string& key) {
   // peft matches target_modules and pattern keys as a suffix at a '.' boundary.
   if (name == key) return true;
@@ -44,7 +29,7 @@ std::vector<LoraModule> modules_named(const std::string& key) {
   std::vector<LoraModule> out;
   for (int i = 0; i < kLoraModules; ++i) {
     const auto m = static_cast<LoraModule>(i);
-    if (ends_with_key(module_path(m), key)) out.push_back(m);
+    if (ends_with_key(lora_module_path(m), key)) out.push_back(m);
   }
   return out;
 }
@@ -52,7 +37,7 @@ std::vector<LoraModule> modules_named(const std::string& key) {
 }  // namespace
 
 std::string lora_module_key(int64_t layer, LoraModule m) {
-  return "transformer.h." + std::to_string(layer) + "." + module_path(m);
+  return "transformer.h." + std::to_string(layer) + "." + lora_module_path(m);
 }
 
 bool LoraConfig::targets(int64_t layer, LoraModule m) const {

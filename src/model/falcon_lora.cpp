@@ -20,22 +20,8 @@ namespace fs = std::filesystem;
 
 constexpr const char* kKeyPrefix = "base_model.model.transformer.h.";
 
-const char* module_path(LoraModule m) {
-  switch (m) {
-    case LoraModule::kQkv:
-      return "self_attention.query_key_value";
-    case LoraModule::kDense:
-      return "self_attention.dense";
-    case LoraModule::kFc1:
-      return "mlp.dense_h_to_4h";
-    case LoraModule::kFc2:
-      return "mlp.dense_4h_to_h";
-  }
-  return "?";
-}
-
 std::string tensor_key(int64_t layer, LoraModule m, bool is_b) {
-  return kKeyPrefix + std::to_string(layer) + "." + module_path(m) +
+  return kKeyPrefix + std::to_string(layer) + "." + lora_module_path(m) +
          (is_b ? ".lora_B.weight" : ".lora_A.weight");
 }
 
@@ -51,7 +37,7 @@ bool parse_key(const std::string& key, int64_t* layer, LoraModule* m, bool* is_b
   for (int i = 0; i < kLoraModules; ++i) {
     const auto mod = static_cast<LoraModule>(i);
     for (bool b : {false, true}) {
-      if (rest == std::string(module_path(mod)) + (b ? ".lora_B.weight" : ".lora_A.weight")) {
+      if (rest == std::string(lora_module_path(mod)) + (b ? ".lora_B.weight" : ".lora_A.weight")) {
         *m = mod;
         *is_b = b;
         return true;

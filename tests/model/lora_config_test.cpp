@@ -7,8 +7,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "lora/lora_adapter.h"
 #include "fixture_util.h"
+#include "lora/lora_adapter.h"
 
 namespace kestrel {
 namespace {
