@@ -329,7 +329,8 @@ void run_bench(const BenchArgs& a) {
         row["lora_rank"] = a.lora_rank;
         row["ratio_to_base"] = tok_s / base_tok_s;
       }
-      out["decode"].push_back(row);
+      // The "decode" rows stay one per shape; LoRA runs go to their own list.
+      out[n_adapters > 0 ? "lora_decode" : "decode"].push_back(row);
       if (!a.json && n_adapters == 0)
         std::printf(
             "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)\n",
@@ -345,7 +346,12 @@ void run_bench(const BenchArgs& a) {
       return tok_s;
     };
     const double base = run(0, 0.0);
-    for (int64_t n : lora_counts) run(std::min(n, batch), base);
+    int64_t last = 0;  // counts above the batch run once, at one adapter per sequence
+    for (int64_t n : lora_counts) {
+      if (std::min(n, batch) == last) continue;
+      last = std::min(n, batch);
+      run(last, base);
+    }
   }
 
   if (a.first_token_prompt > 0) {
