@@ -16,6 +16,9 @@
 #include "server/generate_request.h"
 #include "server/metrics.h"
 
+namespace kestrel {
+class AdapterStore;
+}
 namespace kestrel::text {
 class Tokenizer;
 }
@@ -64,6 +67,8 @@ struct ApiOptions {
   int64_t max_concurrent_requests = 512;
   size_t max_body_bytes = 2 << 20;
   RequestLimits limits;
+  // LoRA adapters (adapter_id, OpenAI `model`); null: adapters are refused with a 422.
+  AdapterStore* adapters = nullptr;
 };
 
 class Api {
