@@ -3,12 +3,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/engine.h"
+#include "lora/adapter_store.h"
 #include "model/falcon_model.h"
 #include "model/memory_plan.h"
 #include "server/chat_template.h"
@@ -42,7 +45,67 @@ struct ServeArgs {
   double drain_timeout_s = 30;
   int64_t max_best_of = 4;
   int64_t max_stop_sequences = 4;
+  std::vector<std::string> adapters;  // --adapter NAME=DIR, preloaded
+  std::string adapters_dir;
+  int max_loaded_adapters = 16;
+  int64_t adapter_memory_mib = 0;  // 0: on cuda max_loaded x a rank-16 adapter, else no bound
 };
+
+constexpr double kMiB = 1048576.0;
+constexpr int64_t kReserveRank = 16;  // the default reserve's adapter: rank 16, all four modules
+
+// The store's memory budget (bytes, 0: none) and the reserve kept beside the CUDA KV cache:
+// --adapter-memory, else on cuda --max-loaded-adapters x one rank-16 adapter on all modules.
+struct AdapterMemory {
+  int64_t budget = 0, reserve = 0, unit = 0;
+};
+
+AdapterMemory plan_adapter_memory(const ServeArgs& a, const FalconModel& model, Device device) {
+  AdapterMemory m;
+  m.unit = lora_adapter_bytes(model, kReserveRank);
+  if (a.adapter_memory_mib > 0)
+    m.budget = a.adapter_memory_mib << 20;
+  else if (device == Device::kCuda)
+    m.budget = a.max_loaded_adapters * m.unit;
+  // Only a cache sized from --gpu-memory-fraction needs the room kept; a given size is the user's.
+  const bool cache_from_fraction = a.kv_cache_memory.empty() && a.num_blocks <= 0;
+  m.reserve = device == Device::kCuda && cache_from_fraction ? m.budget : 0;
+  if (m.budget > 0)
+    spdlog::info(
+        "adapter store: up to {} adapters in {:.1f} MiB ({}; a rank-{} adapter on all four modules "
+        "of this model is {:.1f} MiB){}",
+        a.max_loaded_adapters, m.budget / kMiB,
+        a.adapter_memory_mib > 0 ? "--adapter-memory" : "--max-loaded-adapters x rank-16 adapter",
+        kReserveRank, m.unit / kMiB, m.reserve > 0 ? ", reserved beside the KV cache" : "");
+  else
+    spdlog::info("adapter store: up to {} adapters (--max-loaded-adapters), no memory bound",
+                 a.max_loaded_adapters);
+  return m;
+}
+
+// `--adapter NAME=DIR` x N, loaded before the server listens; a bad one stops start-up.
+void preload_adapters(const ServeArgs& a, AdapterStore& store) {
+  KESTREL_CHECK(static_cast<int64_t>(a.adapters.size()) <= a.max_loaded_adapters, a.adapters.size(),
+                " --adapter flags but --max-loaded-adapters is ", a.max_loaded_adapters);
+  std::vector<std::string> names;
+  for (const std::string& spec : a.adapters) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      KESTREL_FAIL("--adapter expects NAME=DIR, got '", spec, "'");
+    names.push_back(spec.substr(0, eq));
+    try {
+      store.preload(names.back(), spec.substr(eq + 1));
+    } catch (const std::exception& e) {
+      KESTREL_FAIL("--adapter ", spec, ": ", e.what());
+    }
+  }
+  for (const std::string& name : names)
+    if (!store.is_loaded(name))
+      KESTREL_FAIL("--adapter ", name,
+                   ": evicted by the adapters preloaded after it; together they hold more than "
+                   "the adapter memory budget (",
+                   store.options().memory_budget / kMiB, " MiB, --adapter-memory)");
+}
 
 // "268435456", "256MiB", "1GiB", "512M", "2G".
 int64_t parse_bytes(const std::string& text) {
@@ -84,6 +147,7 @@ void run_serve(const ServeArgs& a) {
   spdlog::info("chat template: {}", chat.is_default() ? "Falcon default (User:/Assistant:)"
                                                       : "tokenizer_config.json chat_template");
 
+  const AdapterMemory adapter_mem = plan_adapter_memory(a, *model, device);
   EngineOptions eo;
   eo.block_size = a.block_size;
   eo.num_blocks = a.num_blocks;
@@ -94,6 +158,7 @@ void run_serve(const ServeArgs& a) {
     po.max_running_seqs = a.max_running_seqs;
     po.max_input_length = a.max_input_length;
     po.gpu_memory_fraction = a.gpu_memory_fraction;
+    po.reserved_bytes = adapter_mem.reserve;
     po.kv_cache_memory = !a.kv_cache_memory.empty() ? parse_bytes(a.kv_cache_memory)
                          : device == Device::kCpu   ? int64_t{256} << 20
                                                     : 0;
@@ -102,10 +167,11 @@ void run_serve(const ServeArgs& a) {
       constexpr double kGiB = 1073741824.0;
       spdlog::info(
           "device memory: {:.2f} GiB total, {:.2f} GiB in use after loading, {:.2f} GiB "
-          "activation workspace, {:.2f} GiB margin; KV cache {:.2f} GiB ({} of {:.2f})",
+          "activation workspace, {:.2f} GiB margin, {:.2f} GiB for LoRA adapters; KV cache "
+          "{:.2f} GiB ({} of {:.2f})",
           plan.total / kGiB, plan.used_before / kGiB, plan.activation_bytes / kGiB,
-          plan.margin_bytes / kGiB, plan.kv_bytes / kGiB, "--gpu-memory-fraction",
-          a.gpu_memory_fraction);
+          plan.margin_bytes / kGiB, plan.reserved_bytes / kGiB, plan.kv_bytes / kGiB,
+          "--gpu-memory-fraction", a.gpu_memory_fraction);
     }
     eo.num_blocks = plan.num_blocks;
   }
@@ -120,7 +186,22 @@ void run_serve(const ServeArgs& a) {
   spdlog::info("engine ready on {}: {} KV blocks of {} tokens ({} tokens)", a.device,
                st.kv_blocks_total, eo.block_size, st.kv_blocks_total * eo.block_size);
 
+  // The store outlives nothing that its callbacks reach: reset before the server goes.
+  AdapterStoreOptions so_lora;
+  so_lora.max_loaded = a.max_loaded_adapters;
+  so_lora.adapters_dir = a.adapters_dir;
+  so_lora.memory_budget = adapter_mem.budget;
+  KESTREL_CHECK(a.adapters_dir.empty() || std::filesystem::is_directory(a.adapters_dir),
+                "--adapters-dir ", a.adapters_dir, " is not a folder");
+  auto store = std::make_unique<AdapterStore>(
+      [model](const std::string& dir, const std::string& name) {
+        return model->load_adapter(dir, name);
+      },
+      so_lora);
+  preload_adapters(a, *store);
+
   server::ApiOptions ao;
+  ao.adapters = store.get();
   ao.model_id = a.model_id.empty()
                     ? std::filesystem::absolute(dir).lexically_normal().filename().string()
                     : a.model_id;
@@ -140,6 +221,10 @@ void run_serve(const ServeArgs& a) {
   so.threads = a.threads;
   so.drain_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.drain_timeout_s * 1000));
   server::HttpServer server(api, so);
+  struct StoreFirst {  // queued loads fail ("server shutting down") while the server still exists
+    std::unique_ptr<AdapterStore>& store;
+    ~StoreFirst() { store.reset(); }
+  } store_first{store};
   const uint16_t port = server.listen();
   const bool v6 = a.host.find(':') != std::string::npos;
   std::printf("kestrel serving %s on http://%s%s%s:%u\n", ao.model_id.c_str(), v6 ? "[" : "",
@@ -211,6 +296,19 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--drain-timeout", a.drain_timeout_s,
                   "seconds to let in-flight requests finish on SIGTERM / SIGINT")
       ->capture_default_str();
+  cmd->add_option("--adapter", a.adapters,
+                  "NAME=DIR: a LoRA adapter folder loaded at start under NAME (repeatable)");
+  cmd->add_option("--adapters-dir", a.adapters_dir,
+                  "folder whose subfolders are LoRA adapters requests may name (adapter_id)");
+  cmd->add_option("--max-loaded-adapters", a.max_loaded_adapters,
+                  "LoRA adapters kept loaded (least recently used unused ones evicted)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--adapter-memory", a.adapter_memory_mib,
+                  "MiB the loaded LoRA adapters may hold (default: on cuda "
+                  "--max-loaded-adapters x a rank-16 adapter on all four modules, reserved "
+                  "beside the KV cache; on the CPU no bound)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([] { run_serve(a); });
 }
 

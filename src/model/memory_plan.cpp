@@ -87,19 +87,33 @@ KvPlan plan_kv_cache(const FalconModel& model, const KvPlanOptions& o) {
     plan.margin_bytes = int64_t{512} << 20;
     const int64_t budget =
         static_cast<int64_t>(o.gpu_memory_fraction * static_cast<double>(m.total));
-    plan.kv_bytes = budget - plan.used_before - plan.activation_bytes - plan.margin_bytes;
+    plan.reserved_bytes = std::max<int64_t>(0, o.reserved_bytes);
+    plan.kv_bytes =
+        budget - plan.used_before - plan.activation_bytes - plan.margin_bytes - plan.reserved_bytes;
     KESTREL_CHECK(plan.kv_bytes >= plan.bytes_per_block,
                   "no device memory left for the KV cache: ", o.gpu_memory_fraction, " of ",
                   m.total / kGiB, " GiB is ", budget / kGiB, " GiB, ", plan.used_before / kGiB,
-                  " GiB are in use after loading and ", plan.activation_bytes / kGiB,
-                  " GiB go to activations; raise --gpu-memory-fraction or lower "
-                  "--max-batch-prefill-tokens");
+                  " GiB are in use after loading, ", plan.activation_bytes / kGiB,
+                  " GiB go to activations and ", plan.reserved_bytes / kGiB,
+                  " GiB are reserved for LoRA adapters; raise --gpu-memory-fraction or lower "
+                  "--max-batch-prefill-tokens (or --max-loaded-adapters / --adapter-memory)");
   }
   plan.num_blocks = plan.kv_bytes / plan.bytes_per_block;
   KESTREL_CHECK(plan.num_blocks >= 1, "the KV cache holds no block: ", plan.kv_bytes,
                 " bytes for blocks of ", plan.bytes_per_block, " bytes; raise --kv-cache-memory");
   plan.kv_bytes = plan.num_blocks * plan.bytes_per_block;
   return plan;
+}
+
+int64_t lora_adapter_bytes(const FalconModel& model, int64_t r) {
+  const FalconConfig& c = model.config();
+  const int64_t n = model.tensor_parallel();
+  // Per layer: qkv A [r, hidden] on every rank + B [qkv_out, r] split; dense A [r, heads * d]
+  // split + B [hidden, r] on every rank; dense_h_to_4h like qkv; dense_4h_to_h like dense.
+  const int64_t per_layer = r * (c.qkv_out_dim() + c.n_heads * c.head_dim + 2 * c.ffn_hidden_size +
+                                 4 * n * c.hidden_size);
+  return c.n_layers * per_layer *
+         static_cast<int64_t>(dtype_size(ops::weight_dtype(model.device())));
 }
 
 }  // namespace kestrel
