@@ -108,6 +108,20 @@ Tensor to_host_f32(const Tensor& src) {
 #endif
 }
 
+void copy_to_device(const Tensor& src, Tensor& dst) {
+  KESTREL_CHECK(
+      src.device() == Device::kCpu && src.dtype() == dst.dtype() && src.nbytes() == dst.nbytes(),
+      "copy_to_device: host ", dtype_name(src.dtype()), " ", shape_str(src.shape()), " into ",
+      dtype_name(dst.dtype()), " ", shape_str(dst.shape()));
+  if (dst.device() == Device::kCpu) {
+    std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+#ifdef KESTREL_CUDA
+  cuda::copy(src, dst);
+#endif
+}
+
 DType weight_dtype(Device device) {
   return device == Device::kCpu ? DType::kF32 : DType::kBF16;
 }
@@ -464,6 +478,26 @@ size_t sampling_workspace_bytes(Device device, int64_t n_rows, int64_t vocab) {
 #else
   (void)device, (void)n_rows, (void)vocab;
 #endif
+  return 0;
+}
+
+std::unique_ptr<DeviceGraph> capture_graph(Device device, const std::function<Tensor()>& body,
+                                           Tensor* out) {
+  KESTREL_CHECK(device == Device::kCuda, "capture_graph: graphs are CUDA only");
+#ifdef KESTREL_CUDA
+  return cuda::capture_graph(body, out);
+#else
+  (void)body;
+  (void)out;
+  KESTREL_FAIL("capture_graph: this kestrel was built without CUDA");
+#endif
+}
+
+int64_t graph_pool_bytes(Device device) {
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) return static_cast<int64_t>(cuda::graph_pool_bytes());
+#endif
+  (void)device;
   return 0;
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,8 @@ void synchronize(Device device);
 
 // A copy of `src` on `device` (the same tensor when it already is there).
 Tensor to_device(const Tensor& src, Device device);
+// Copies host `src` into the existing tensor `dst` on the device (same dtype and bytes).
+void copy_to_device(const Tensor& src, Tensor& dst);
 // A host F32 copy of `src` (any float dtype, any device): logits and hidden
 // states for CPU consumers.
 Tensor to_host_f32(const Tensor& src);
@@ -124,6 +128,22 @@ DeviceMemory device_memory(Device device);
 // the driver (both no-ops on the CPU).
 void reset_peak_memory(Device device);
 void release_cached_memory(Device device);
+
+// CUDA graphs (docs/gpu.md, "CUDA graphs"): capture_graph runs body once eagerly, then
+// captures the work body queues on the device's stream; replay() runs that work again on the
+// same addresses (update the inputs it reads in place, by copies, before each replay). Device
+// memory body allocates comes from a pool shared by every graph of the process, so a graph's
+// temporaries and its output (*out) stay valid only until another graph replays. No host
+// synchronisation inside body. CUDA only (throws for the CPU).
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  virtual void replay() = 0;
+};
+std::unique_ptr<DeviceGraph> capture_graph(Device device, const std::function<Tensor()>& body,
+                                           Tensor* out);
+// Bytes the graph pool holds (0 on the CPU or before any capture).
+int64_t graph_pool_bytes(Device device);
 
 // Sampling on the device with engine/sampler.cpp's semantics (that is the CPU
 // reference): per row, penalties over `seen` (prompt + generated ids, for

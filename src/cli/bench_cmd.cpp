@@ -48,6 +48,7 @@ struct BenchArgs {
   std::string lora_adapters;  // "8,32": one run per count (empty: none)
   int64_t lora_rank = 16;
   std::string lora_modules = "all";
+  std::string cuda_graphs = "on";  // on, off, or both (each decode shape without, then with)
   EngineBenchArgs engine;
 };
 
@@ -285,7 +286,9 @@ void run_bench(const BenchArgs& a) {
     const int64_t batch = shape[0], prompt = shape[1], gen = shape[2];
     // n_adapters 0: the base model; else sequence s takes adapter s * n / batch (equal adapters
     // consecutive, as the engine orders them).
-    auto run = [&](int64_t n_adapters, double base_tok_s) {
+    auto run = [&](int64_t n_adapters, double base_tok_s, bool graphs) {
+      model.set_cuda_graphs(graphs);
+      const FalconModel::GraphStats g0 = model.graph_stats();
       Workload w(model, batch, prompt + gen, a.block_size);
       if (n_adapters > 0) {
         std::vector<const LoraAdapter*> per_seq;
@@ -323,20 +326,44 @@ void run_bench(const BenchArgs& a) {
                             {"tok_s", tok_s},
                             {"ms_per_step", step_s * 1e3},
                             {"bandwidth_tb_s", bytes / step_s / 1e12},
-                            {"collective_ms_per_step", comm_ms}};
+                            {"collective_ms_per_step", comm_ms},
+                            {"cuda_graphs", model.cuda_graphs()}};
+      const FalconModel::GraphStats g1 = model.graph_stats();
+      const int64_t replays = g1.replays - g0.replays, captures = g1.captures - g0.captures;
+      if (model.cuda_graphs()) {
+        row["graph_replays"] = replays;
+        row["graph_captures"] = captures;
+        row["graph_pool_mib"] = static_cast<double>(g1.pool_bytes) / 1048576.0;
+      }
       if (n_adapters > 0) {
         row["lora_adapters"] = n_adapters;
         row["lora_rank"] = a.lora_rank;
         row["ratio_to_base"] = tok_s / base_tok_s;
       }
       // The "decode" rows stay one per shape; LoRA runs go to their own list.
-      out[n_adapters > 0 ? "lora_decode" : "decode"].push_back(row);
+      // With --cuda-graphs both, "decode" holds the graph rows and "decode_no_graphs" the eager.
+      const bool eager_of_both = a.cuda_graphs == "both" && !graphs;
+      out[n_adapters > 0  ? "lora_decode"
+          : eager_of_both ? "decode_no_graphs"
+                          : "decode"]
+          .push_back(row);
       if (!a.json && n_adapters == 0)
         std::printf(
-            "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)\n",
+            "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)%s\n",
             static_cast<long long>(batch), static_cast<long long>(prompt),
             static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
-            100.0 * bytes / step_s / kPeakBandwidth);
+            100.0 * bytes / step_s / kPeakBandwidth,
+            !model.cuda_graphs() ? "  (graphs off)"
+            : replays > 0        ? "  (graphs on)"
+                                 : "  (graphs on, none replayed)");
+      if (!a.json && n_adapters == 0 && model.cuda_graphs())
+        std::printf(
+            "        graphs: %lld captured, %lld replays, pool %.1f MiB%s\n",
+            static_cast<long long>(captures), static_cast<long long>(replays),
+            static_cast<double>(g1.pool_bytes) / 1048576.0,
+            a.cuda_graphs == "both" && base_tok_s > 0
+                ? (", " + std::to_string(tok_s / base_tok_s).substr(0, 4) + "x eager").c_str()
+                : "");
       if (!a.json && n_adapters > 0)
         std::printf("  + %3lld LoRA adapters  %10.0f tok/s  %8.3f ms/step  %.2f of the base rate\n",
                     static_cast<long long>(n_adapters), tok_s, step_s * 1e3, tok_s / base_tok_s);
@@ -345,13 +372,16 @@ void run_bench(const BenchArgs& a) {
                     100.0 * comm_ms / (step_s * 1e3));
       return tok_s;
     };
-    const double base = run(0, 0.0);
+    const bool graphs = a.cuda_graphs != "off";
+    const double eager = a.cuda_graphs == "both" ? run(0, 0.0, false) : 0.0;
+    const double base = run(0, eager, graphs);
     int64_t last = 0;  // counts above the batch run once, at one adapter per sequence
     for (int64_t n : lora_counts) {
       if (std::min(n, batch) == last) continue;
       last = std::min(n, batch);
-      run(last, base);
+      run(last, base, graphs);
     }
+    model.set_cuda_graphs(graphs);
   }
 
   if (a.first_token_prompt > 0) {
@@ -426,6 +456,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--lora-rank", a.lora_rank, "rank of the random adapters")->capture_default_str();
   cmd->add_option("--lora-modules", a.lora_modules,
                   "all, or a list of query_key_value, dense, dense_h_to_4h, dense_4h_to_h")
+      ->capture_default_str();
+  cmd->add_option("--cuda-graphs", a.cuda_graphs,
+                  "on, off, or both: decode steps as CUDA graphs (both: each decode shape "
+                  "without, then with; JSON decode_no_graphs holds the former)")
+      ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
   cmd->add_flag("--json", a.json, "print only the JSON result");
   cmd->callback([] { run_bench(a); });

@@ -19,5 +19,7 @@ void add_bench_command(CLI::App& app);         // bench              (bench_cmd.
 
 // --device cuda|cpu: the device, checked to exist (device_arg.cpp).
 Device parse_device_arg(const std::string& name, const char* command);
+// --cuda-graphs on|off: decode steps replayed as CUDA graphs (default on; no effect on the CPU).
+bool parse_cuda_graphs_arg(const std::string& value, const char* command);
 
 }  // namespace kestrel::cli

@@ -1,5 +1,5 @@
 // --device for the model commands: a name to a Device, refusing cuda when
-// this build or this machine has none.
+// this build or this machine has none; --cuda-graphs on|off.
 #include "backend/ops.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -14,6 +14,12 @@ Device parse_device_arg(const std::string& name, const char* command) {
                 "-DKESTREL_CUDA=ON)");
   KESTREL_CHECK(ops::cuda_device_count() > 0, command, " --device cuda: no CUDA device visible");
   return Device::kCuda;
+}
+
+bool parse_cuda_graphs_arg(const std::string& value, const char* command) {
+  KESTREL_CHECK(value == "on" || value == "off", command, " --cuda-graphs must be on or off, got '",
+                value, "'");
+  return value == "on";
 }
 
 }  // namespace kestrel::cli

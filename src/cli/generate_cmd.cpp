@@ -29,6 +29,7 @@ struct GenerateArgs {
   std::string adapters_file;  // --adapters: one LoRA adapter folder (or null) per prompt
   std::vector<std::string> prompts;
   std::string device = "cpu";
+  std::string cuda_graphs = "on";
   int64_t block_size = 16;
   int64_t prefill_chunk = 0;
   int64_t max_new_tokens = 32;
@@ -131,8 +132,12 @@ nlohmann::json result_json(const GenerationResult& r, bool has_text) {
 }
 
 void run_generate(const GenerateArgs& g) {
-  auto model = std::make_shared<const FalconModel>(
-      load_model(g.model_dir, parse_device_arg(g.device, "generate"), g.parallel));
+  const bool graphs = parse_cuda_graphs_arg(g.cuda_graphs, "generate");
+  auto model = std::make_shared<const FalconModel>([&] {
+    FalconModel m = load_model(g.model_dir, parse_device_arg(g.device, "generate"), g.parallel);
+    m.set_cuda_graphs(graphs);
+    return m;
+  }());
   spdlog::info("loaded {}: {}", g.model_dir, model->config().summary());
   std::shared_ptr<const text::Tokenizer> tok;
   if (auto t = maybe_tokenizer(g.model_dir)) {
@@ -242,6 +247,8 @@ void add_generate_command(CLI::App& app) {
                 "print only {\"outputs\":[{\"token_ids\",\"text\",\"logprobs\",\"finish_reason\","
                 "\"seed\"}]}");
   cmd->add_option("--device", g.device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--cuda-graphs", g.cuda_graphs, "on or off: decode steps as CUDA graphs")
+      ->capture_default_str();
   cmd->add_option("--block-size", g.block_size, "KV cache block size in tokens")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", g.prefill_chunk,

@@ -36,6 +36,7 @@ struct ServeArgs {
   int64_t max_running_seqs = 128;
   std::string kv_cache_memory;  // empty: from --gpu-memory-fraction on cuda, 256MiB on the CPU
   std::string device = "cpu";
+  std::string cuda_graphs = "on";
   double gpu_memory_fraction = 0.9;
   int64_t num_blocks = 0;
   int64_t block_size = 16;
@@ -136,7 +137,12 @@ void run_serve(const ServeArgs& a) {
                 ") must be below --max-total-tokens (", a.max_total_tokens, ")");
   const Device device = parse_device_arg(a.device, "serve");
   spdlog::info("loading model from {} to {}", a.model_dir, a.device);
-  auto model = std::make_shared<const FalconModel>(load_model(a.model_dir, device, a.parallel));
+  const bool graphs = parse_cuda_graphs_arg(a.cuda_graphs, "serve");
+  auto model = std::make_shared<const FalconModel>([&] {
+    FalconModel m = load_model(a.model_dir, device, a.parallel);
+    m.set_cuda_graphs(graphs);
+    return m;
+  }());
   spdlog::info("loaded {}", model->config().summary());
   const std::filesystem::path dir(a.model_dir);
   KESTREL_CHECK(std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
@@ -270,6 +276,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--device", a.device, "cpu or cuda")->capture_default_str();
+  cmd->add_option("--cuda-graphs", a.cuda_graphs, "on or off: decode steps as CUDA graphs")
+      ->capture_default_str();
   cmd->add_option("--kv-cache-memory", a.kv_cache_memory,
                   "KV cache size (bytes, or 256MiB, 2GiB; default: 256MiB on the CPU, "
                   "--gpu-memory-fraction on cuda)");

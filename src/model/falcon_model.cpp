@@ -14,6 +14,7 @@
 #include "core/logging.h"
 #include "io/safetensors.h"
 #include "model/alibi.h"
+#include "model/decode_graphs.h"
 #include "model/falcon_lora.h"
 #include "model/falcon_weights.h"
 
@@ -110,6 +111,7 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
   m.config_ = config;
   m.device_ = device;
   m.act_dtype_ = ops::weight_dtype(device);
+  if (device == Device::kCuda) m.graphs_ = std::make_shared<DecodeGraphs>();
   auto load_opt = [&](const std::string& name) { return config.bias ? load(name) : Tensor(); };
 
   m.word_embeddings_ = load("transformer.word_embeddings.weight");
@@ -235,12 +237,12 @@ Tensor FalconModel::forward(const ForwardBatch& b, KvCache& cache) const {
 Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const {
   if (group_) return forward_group(b, cache);
   check_batch(b, cache);
+  if (graphs_ && cuda_graphs_ && DecodeGraphs::eligible(*this, b))
+    return graphs_->run(*this, b, cache);
   const FalconConfig& c = config_;
   const int64_t n_tokens = b.n_tokens(), n_seqs = b.n_seqs();
-  const int64_t hidden = c.hidden_size, d = c.head_dim;
+  const int64_t d = c.head_dim;
   const Device dev = device_;
-  const DType act = act_dtype_;
-  auto empty = [&](Shape s) { return Tensor::empty(act, std::move(s), dev); };
 
   std::vector<float> cos_h, sin_h;
   if (!c.alibi) rope_tables(b, cos_h, sin_h);
@@ -249,16 +251,38 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   for (int64_t s = 0; s < n_seqs; ++s)
     max_q_len = std::max(max_q_len, b.cu_seqlens[s + 1] - b.cu_seqlens[s]);
 
-  const Tensor ids = ops::to_device(host_tensor(b.input_ids, {n_tokens}), dev);
-  const Tensor slots = ops::to_device(host_tensor(b.slots, {n_tokens}), dev);
-  const Tensor cu_q = ops::to_device(host_tensor(b.cu_seqlens, {n_seqs + 1}), dev);
-  const Tensor kv_lens = ops::to_device(host_tensor(b.kv_lens, {n_seqs}), dev);
-  const Tensor tables = ops::to_device(host_tensor(b.block_tables, {n_seqs, b.max_blocks}), dev);
+  StepTensors in;
+  in.skip_lm_head = b.skip_lm_head;
+  in.ids = ops::to_device(host_tensor(b.input_ids, {n_tokens}), dev);
+  in.slots = ops::to_device(host_tensor(b.slots, {n_tokens}), dev);
+  in.cu_q = ops::to_device(host_tensor(b.cu_seqlens, {n_seqs + 1}), dev);
+  in.kv_lens = ops::to_device(host_tensor(b.kv_lens, {n_seqs}), dev);
+  in.tables = ops::to_device(host_tensor(b.block_tables, {n_seqs, b.max_blocks}), dev);
   // ALiBi models: no rotary (undefined tables); attention adds the slopes' bias.
-  const Tensor cos =
-      c.alibi ? Tensor() : ops::to_device(host_tensor(cos_h, {n_tokens, d / 2}), dev);
-  const Tensor sin =
-      c.alibi ? Tensor() : ops::to_device(host_tensor(sin_h, {n_tokens, d / 2}), dev);
+  if (!c.alibi) {
+    in.cos = ops::to_device(host_tensor(cos_h, {n_tokens, d / 2}), dev);
+    in.sin = ops::to_device(host_tensor(sin_h, {n_tokens, d / 2}), dev);
+  }
+  if (!b.lm_head_indices.empty()) {
+    const int64_t n_out = static_cast<int64_t>(b.lm_head_indices.size());
+    in.lm_rows = ops::to_device(host_tensor(b.lm_head_indices, {n_out}), dev);
+  }
+  const LoraPlan lora(b, tp_.rank, c.n_layers);  // this rank's LoRA segments (falcon_lora.cpp)
+  return forward_layers(b, in, max_kv_len, max_q_len, lora, cache);
+}
+
+// The kernels of one step over inputs already on the device (a decode graph captures this).
+// b is read only for the sharded embedding of a tensor-parallel rank.
+Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in, int32_t max_kv_len,
+                                   int32_t max_q_len, const LoraPlan& lora, KvCache& cache) const {
+  const FalconConfig& c = config_;
+  const int64_t n_tokens = in.ids.dim(0);
+  const int64_t hidden = c.hidden_size, d = c.head_dim;
+  const Device dev = device_;
+  const DType act = act_dtype_;
+  auto empty = [&](Shape s) { return Tensor::empty(act, std::move(s), dev); };
+  const Tensor &ids = in.ids, &slots = in.slots, &cu_q = in.cu_q, &kv_lens = in.kv_lens;
+  const Tensor &tables = in.tables, &cos = in.cos, &sin = in.sin;
 
   Tensor x = empty({n_tokens, hidden});
   if (tp_.comm) {
@@ -278,7 +302,6 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   Tensor mlp_out = empty({n_tokens, hidden});
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const float eps = static_cast<float>(c.layer_norm_epsilon);
-  const LoraPlan lora(b, tp_.rank, c.n_layers);  // this rank's LoRA segments (falcon_lora.cpp)
 
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const FalconLayerWeights& w = layers_[l];
@@ -322,20 +345,32 @@ Tensor FalconModel::forward_device(const ForwardBatch& b, KvCache& cache) const 
   }
 
   Tensor rows = x;
-  if (!b.lm_head_indices.empty()) {
-    const int64_t n_out = static_cast<int64_t>(b.lm_head_indices.size());
-    const Tensor idx = ops::to_device(host_tensor(b.lm_head_indices, {n_out}), dev);
-    rows = empty({n_out, hidden});
-    ops::gather_rows(x, idx, rows);
+  if (in.lm_rows.defined()) {
+    rows = empty({in.lm_rows.dim(0), hidden});
+    ops::gather_rows(x, in.lm_rows, rows);
   }
   Tensor h = empty(rows.shape());
   ops::layer_norm(rows, ln_f_w_, ln_f_b_, eps, h);
-  if (b.skip_lm_head) return h;
+  if (in.skip_lm_head) return h;
   if (tp_.comm) return lm_head_sharded(h);  // the rank's vocabulary columns, gathered
   // Logits in F32 on every device (the CUDA GEMM writes them from its fp32 accumulators).
   Tensor logits = Tensor::empty(DType::kF32, {h.dim(0), c.vocab_size}, dev);
   ops::linear(h, lm_head_, Tensor(), logits);
   return logits;
+}
+
+void FalconModel::set_cuda_graphs(bool on) {
+  cuda_graphs_ = on;
+}
+
+FalconModel::GraphStats FalconModel::graph_stats() const {
+  GraphStats st;
+  if (graphs_) {
+    st.captures = graphs_->captures();
+    st.replays = graphs_->replays();
+  }
+  st.pool_bytes = ops::graph_pool_bytes(device_);
+  return st;
 }
 
 }  // namespace kestrel

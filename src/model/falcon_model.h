@@ -19,6 +19,8 @@ namespace kestrel {
 class WeightStore;
 class Communicator;
 struct TpGroup;
+class LoraPlan;
+class DecodeGraphs;
 
 struct FalconLayerWeights {
   Tensor ln_attn_w, ln_attn_b;  // input_layernorm, or ln_attn
@@ -95,6 +97,18 @@ class FalconModel {
   // states in act_dtype() (for sampling on the GPU and benchmarks).
   Tensor forward_device(const ForwardBatch& batch, KvCache& cache) const;
 
+  // CUDA graphs for decode steps (decode_graphs.h; on by default on CUDA): a step where every
+  // sequence decodes one token and every row gets logits, without LoRA or tensor parallelism,
+  // replays the graph of its batch-size bucket. Its logits then stay valid until the next
+  // forward of this model (and of its copies, which share the graphs). Off: every step eager.
+  void set_cuda_graphs(bool on);
+  bool cuda_graphs() const { return cuda_graphs_ && graphs_ != nullptr; }
+  struct GraphStats {
+    int64_t captures = 0, replays = 0;
+    int64_t pool_bytes = 0;  // device memory the graphs hold (all models of the process)
+  };
+  GraphStats graph_stats() const;
+
  private:
   static FalconModel build(const FalconConfig& config, Device device, bool has_lm_head,
                            const std::function<Tensor(const std::string&)>& load);
@@ -103,6 +117,14 @@ class FalconModel {
   void check_batch(const ForwardBatch& batch, const KvCache& cache) const;
   void rope_tables(const ForwardBatch& batch, std::vector<float>& cos,
                    std::vector<float>& sin) const;
+  // One step's inputs on the device (cos / sin undefined for ALiBi, lm_rows undefined: every row).
+  struct StepTensors {
+    Tensor ids, slots, cu_q, kv_lens, tables, cos, sin, lm_rows;
+    bool skip_lm_head = false;
+  };
+  Tensor forward_layers(const ForwardBatch& batch, const StepTensors& in, int32_t max_kv_len,
+                        int32_t max_q_len, const LoraPlan& lora, KvCache& cache) const;
+  friend class DecodeGraphs;
 
   // Tensor parallelism (falcon_model_tp.cpp).
   Tensor forward_group(const ForwardBatch& batch, KvCache& cache) const;
@@ -129,6 +151,8 @@ class FalconModel {
   // (out-of-range ids look it up) and lm_head_ its rows padded to the largest rank's count.
   TpRank tp_;
   std::shared_ptr<const TpGroup> group_;  // the N-rank model: its ranks (null on a rank)
+  std::shared_ptr<DecodeGraphs> graphs_;  // CUDA models: the decode graphs (decode_graphs.h)
+  bool cuda_graphs_ = true;
 };
 
 }  // namespace kestrel

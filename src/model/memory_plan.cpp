@@ -76,9 +76,12 @@ KvPlan plan_kv_cache(const FalconModel& model, const KvPlanOptions& o) {
                   "the KV cache size on the CPU needs --kv-cache-memory (bytes, e.g. 256MiB)");
     KESTREL_CHECK(o.gpu_memory_fraction > 0 && o.gpu_memory_fraction <= 1,
                   "--gpu-memory-fraction must be in (0, 1], got ", o.gpu_memory_fraction);
-    // The forward's peak, plus the GPU sampler's scratch for a full decode batch.
+    // The forward's peak, plus the GPU sampler's scratch for a full decode batch, plus (CUDA
+    // graphs on) the graph pool: a decode step's temporaries at its largest bucket, bounded by
+    // the profiled step's.
+    const int64_t profiled = profile_activations(model, o);
     plan.activation_bytes =
-        profile_activations(model, o) +
+        profiled + (model.cuda_graphs() ? profiled : 0) +
         static_cast<int64_t>(ops::sampling_workspace_bytes(dev, o.max_running_seqs, c.vocab_size));
     ops::release_cached_memory(dev);
     const ops::DeviceMemory m = ops::device_memory(dev);

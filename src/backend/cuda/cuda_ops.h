@@ -5,6 +5,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 #include "backend/ops.h"
 #include "core/tensor.h"
@@ -47,6 +49,11 @@ struct DeviceMemoryInfo {
   size_t total = 0;
 };
 DeviceMemoryInfo device_memory_info();
+
+// ops::capture_graph on CUDA: body runs once eagerly, then once under stream capture; the
+// device memory both runs take comes from the graph pool (graph_pool_bytes: what it holds).
+std::unique_ptr<ops::DeviceGraph> capture_graph(const std::function<Tensor()>& body, Tensor* out);
+size_t graph_pool_bytes();
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);

@@ -5,6 +5,7 @@
 // staging buffers.
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -25,9 +26,24 @@ namespace {
 // stream orders its next use after the last.
 class CachingAllocator {
  public:
-  void* alloc(size_t nbytes) {
+  // pool: serve from (and give back to) the graph pool (see GraphPoolScope).
+  void* alloc(size_t nbytes, bool pool = false) {
     const size_t size = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
+    if (pool) {
+      // Best fit among the pool's free blocks: graphs replay one at a time, so a
+      // larger block serving a smaller request only costs memory, never safety.
+      auto pit = pool_free_.lower_bound(size);
+      if (pit != pool_free_.end()) {
+        void* p = pit->second;
+        pool_free_.erase(pit);
+        const size_t got = pool_size_.at(p);
+        sizes_[p] = got;
+        stats_.in_use += got;
+        stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+        return p;
+      }
+    }
     auto it = free_.find(size);
     void* p = nullptr;
     if (it != free_.end() && !it->second.empty()) {
@@ -52,6 +68,7 @@ class CachingAllocator {
       stats_.reserved += size;
     }
     sizes_[p] = size;
+    if (pool) pool_size_[p] = size;
     stats_.in_use += size;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
     return p;
@@ -63,8 +80,20 @@ class CachingAllocator {
     auto it = sizes_.find(p);
     if (it == sizes_.end()) return;  // not ours: never happens, never crash over it
     stats_.in_use -= it->second;
-    free_[it->second].push_back(p);
+    if (pool_size_.count(p)) {
+      pool_free_.emplace(it->second, p);  // graph memory stays the graphs'
+    } else {
+      free_[it->second].push_back(p);
+    }
     sizes_.erase(it);
+  }
+
+  // Bytes the graph pool holds (handed out or free within it).
+  size_t pool_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const auto& [p, size] : pool_size_) n += size;
+    return n;
   }
 
   void release_free() {
@@ -103,6 +132,11 @@ class CachingAllocator {
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   std::unordered_map<void*, size_t> sizes_;
+  // The graph pool: blocks that captured graphs address. Never returned to the
+  // main free lists (a replay writes them), shared by every graph of the process
+  // (they replay one at a time on the one stream).
+  std::multimap<size_t, void*> pool_free_;
+  std::unordered_map<void*, size_t> pool_size_;
   MemoryStats stats_;
 };
 
@@ -112,8 +146,12 @@ CachingAllocator& allocator() {
   return *a;
 }
 
+// Set on the thread that captures a graph (GraphPoolScope): its allocations come
+// from the graph pool. Other threads (an adapter loading) keep the main lists.
+thread_local bool t_graph_pool = false;
+
 void* device_alloc(size_t nbytes) {
-  return allocator().alloc(nbytes);
+  return allocator().alloc(nbytes, t_graph_pool);
 }
 void device_free(void* p) {
   allocator().free(p);
@@ -299,6 +337,55 @@ Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DTyp
     CUDA_CHECK(cudaEventRecord(st.done[buf], s));
   }
   return out;
+}
+
+namespace {
+
+struct GraphPoolScope {
+  GraphPoolScope() { t_graph_pool = true; }
+  ~GraphPoolScope() { t_graph_pool = false; }
+};
+
+class CudaGraph final : public ops::DeviceGraph {
+ public:
+  explicit CudaGraph(cudaGraphExec_t exec) : exec_(exec) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  void replay() override { CUDA_CHECK(cudaGraphLaunch(exec_, stream())); }
+
+ private:
+  cudaGraphExec_t exec_;
+};
+
+}  // namespace
+
+std::unique_ptr<ops::DeviceGraph> capture_graph(const std::function<Tensor()>& body, Tensor* out) {
+  cudaStream_t s = stream();
+  GraphPoolScope pool;
+  // The eager run sets what the first launch of a kernel or a GEMM shape sets up (attributes,
+  // cuBLASLt plans, workspaces) and leaves the pool holding the blocks the capture will take.
+  { const Tensor warm = body(); }
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  // Relaxed: the allocator may still cudaMalloc a block the pool lacks.
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  cudaGraph_t graph = nullptr;
+  try {
+    *out = body();
+  } catch (...) {
+    cudaStreamEndCapture(s, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    throw;
+  }
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_CHECK(err);
+  return std::make_unique<CudaGraph>(exec);
+}
+
+size_t graph_pool_bytes() {
+  return allocator().pool_bytes();
 }
 
 }  // namespace kestrel::cuda
