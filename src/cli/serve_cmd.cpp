@@ -212,6 +212,7 @@ void run_serve(const ServeArgs& a) {
                     ? std::filesystem::absolute(dir).lexically_normal().filename().string()
                     : a.model_id;
   if (ao.model_id.empty()) ao.model_id = "kestrel";
+  ao.base_model_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
   ao.api_key = a.api_key;
   ao.max_concurrent_requests = a.max_concurrent_requests;
   ao.max_body_bytes = static_cast<size_t>(a.max_body_bytes);

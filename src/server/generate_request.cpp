@@ -19,15 +19,32 @@ std::string num(double v) {
 
 // Parameters the engine cannot honour yet: accepted when absent, null or false.
 void refuse_unsupported(const json& p) {
-  for (const char* field : {"adapter_id", "adapter_source", "merged_adapters", "api_token",
-                            "response_format", "grammar", "adapter_parameters"}) {
+  for (const char* field :
+       {"merged_adapters", "adapter_parameters", "api_token", "response_format", "grammar"}) {
     auto it = p.find(field);
     if (it != p.end() && !it->is_null())
-      invalid(field, std::string("`") + field +
-                         "` is not supported yet (kestrel serves the base model only)");
+      invalid(field, std::string("`") + field + "` is not supported yet");
   }
   if (auto w = opt_bool(p, "watermark"); w && *w)
     invalid("watermark", "`watermark` is not supported yet");
+}
+
+// adapter_id (a folder path, a name under --adapters-dir, or a hub ORG/NAME) and adapter_source
+// ("local" by default, "hub"; anything else a 422 naming it). The source is checked even without
+// an id, as LoRAX does.
+std::optional<AdapterRef> parse_adapter(const json& p) {
+  AdapterRef ref;
+  if (auto src = opt_string(p, "adapter_source")) {
+    try {
+      ref.source = parse_adapter_source(*src);
+    } catch (const Error& e) {
+      invalid("adapter_source", std::string("`adapter_source`: ") + e.what());
+    }
+  }
+  const std::optional<std::string> id = opt_string(p, "adapter_id");
+  if (!id || id->empty()) return std::nullopt;
+  ref.id = *id;
+  return ref;
 }
 
 }  // namespace
@@ -106,6 +123,7 @@ GenerateParams parse_generate_request(const json& body, bool stream, const Reque
   }
   const json& p = *pp;
   refuse_unsupported(p);
+  g.adapter = parse_adapter(p);
 
   SamplingInput s;
   s.do_sample = opt_bool(p, "do_sample").value_or(false);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
+#include "lora/adapter_store.h"
 #include "server/json_util.h"
 
 namespace kestrel::server {
@@ -23,6 +24,12 @@ struct RequestLimits {
   int32_t max_top_n_tokens = 10;
 };
 
+// The LoRA adapter a request names (LoRAX's adapter_id / adapter_source, or OpenAI's `model`).
+struct AdapterRef {
+  std::string id;
+  AdapterSource source = AdapterSource::kLocal;
+};
+
 struct GenerateParams {
   std::string inputs;
   SamplingParams sampling;
@@ -31,7 +38,8 @@ struct GenerateParams {
   bool details = false;
   bool decoder_input_details = false;
   bool return_full_text = false;
-  std::optional<int64_t> truncate;  // keep the last N prompt tokens
+  std::optional<int64_t> truncate;    // keep the last N prompt tokens
+  std::optional<AdapterRef> adapter;  // adapter_id (null or "": the base model)
 };
 
 // Parses `body` (an object). `stream` is the route's default (/generate_stream

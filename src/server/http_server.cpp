@@ -14,6 +14,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/logging.h"
+#include "lora/adapter_store.h"
 
 namespace kestrel::server {
 
@@ -212,11 +213,76 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     first_token_seconds_ = -1;
     prompt_length_ = static_cast<int64_t>(r.request.prompt_ids.size());
     max_new_tokens_ = r.request.params.max_new_tokens;
+    adapter_label_ = r.adapter ? r.adapter->id : "";
+    if (r.adapter) return wait_for_adapter(std::move(r.request), *r.adapter);
+    start_generation(std::move(r.request));
+  }
+
+  // The adapter loads on the store's thread; its callback posts back onto this strand, so neither
+  // this session's thread nor the engine waits. The request holds its gate slot meanwhile.
+  void wait_for_adapter(GenerationRequest request, const AdapterRef& ref) {
+    waiting_request_ = std::move(request);
+    waiting_adapter_ = true;
+    std::weak_ptr<Session> weak = shared_from_this();
+    auto gate = srv_.gate;
+    auto ex = stream_.get_executor();
+    const uint64_t exchange = exchange_;
+    auto done = [weak, gate, ex, exchange](std::shared_ptr<const LoraAdapter> adapter,
+                                           const std::string& error) {
+      std::lock_guard lock(gate->mu);
+      if (!gate->open) return;
+      asio::post(ex, [weak, exchange, adapter = std::move(adapter), error]() mutable {
+        if (auto self = weak.lock()) self->on_adapter(exchange, std::move(adapter), error);
+      });
+    };
+    try {
+      srv_.api.options().adapters->get(ref.id, ref.source, done);
+    } catch (const std::exception& e) {
+      done(nullptr, e.what());
+    }
+    watch_disconnect();
+  }
+
+  void on_adapter(uint64_t exchange, std::shared_ptr<const LoraAdapter> adapter,
+                  const std::string& error) {
+    if (!waiting_adapter_ || exchange != exchange_) return;  // the client left meanwhile
+    auto self = shared_from_this();
+    waiting_adapter_ = false;
+    GenerationRequest request = std::move(waiting_request_);
+    waiting_request_ = {};
+    if (!adapter) {
+      // The adapter's own problem is the client's (422); a store full of adapters in use or a
+      // store shutting down is not (429, 503: retry).
+      int status = 422;
+      const char* type = "validation";
+      if (error.find("retry when one finishes") != std::string::npos) {
+        status = 429;
+        type = "overloaded";
+      } else if (error.find("shutting down") != std::string::npos) {
+        status = 503;
+        type = "unavailable";
+      }
+      srv_.api.metrics().request_failed("adapter");
+      end_request();
+      return reply(error_reply(status, type,
+                               "adapter '" + adapter_label_ + "' could not be loaded: " + error));
+    }
+    request.adapter = std::move(adapter);
+    start_generation(std::move(request));
+  }
+
+  void start_generation(GenerationRequest request) {
+    Api& api = srv_.api;
+    if (api.draining() || srv_.stopping) {
+      end_request();
+      api.metrics().request_failed("unavailable");
+      return reply(error_reply(503, "unavailable", "the server is shutting down"));
+    }
     std::weak_ptr<Session> weak = shared_from_this();
     auto gate = srv_.gate;
     auto ex = stream_.get_executor();
     try {
-      auto handle = api.engine().submit(std::move(r.request), [weak, gate, ex](EngineEvent ev) {
+      auto handle = api.engine().submit(std::move(request), [weak, gate, ex](EngineEvent ev) {
         std::lock_guard lock(gate->mu);
         if (!gate->open) return;
         asio::post(ex, [weak, ev = std::move(ev)]() mutable {
@@ -260,6 +326,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
           rec.input_length = prompt_length_;
           rec.generated_tokens = static_cast<int64_t>(res.tokens.size());
           rec.max_new_tokens = max_new_tokens_;
+          rec.adapter = adapter_label_;
           m.request_succeeded(rec);
         }
         auto job = std::move(job_);
@@ -282,6 +349,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   void end_request() {
     if (!active_) return;
     active_ = false;
+    waiting_adapter_ = false;
     job_.reset();
     srv_.api.release();
     self_ref_.reset();  // callers hold their own reference
@@ -290,7 +358,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   // While a request runs, a readable socket with nothing to read means the
   // client closed: cancel. Pipelined bytes end the watch (they are the next request).
   void watch_disconnect() {
-    if (!active_ || gone_ || buffer_.size() > 0) return;
+    // One watch per exchange (an adapter wait, then the generation, would arm it twice).
+    if (!active_ || gone_ || buffer_.size() > 0 || watched_exchange_ == exchange_) return;
+    watched_exchange_ = exchange_;
     auto self = shared_from_this();
     const uint64_t exchange = exchange_;
     stream_.socket().async_wait(
@@ -301,7 +371,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   }
 
   void on_readable(beast::error_code ec, uint64_t exchange) {
-    if (exchange != exchange_ || !active_ || gone_) return;
+    if (exchange != exchange_) return;
+    watched_exchange_ = 0;
+    if (!active_ || gone_) return;
     if (ec) {
       if (ec != asio::error::operation_aborted) client_gone();
       return;
@@ -320,10 +392,19 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     gone_ = true;
     keep_alive_ = false;
     pending_.clear();
-    if (active_) srv_.api.engine().cancel(request_id_);
+    auto self = shared_from_this();
+    const bool waiting = waiting_adapter_;
+    if (waiting) {  // not in the engine yet: the load's callback will find the request over
+      srv_.api.metrics().request_failed("cancelled");
+      waiting_request_ = {};
+      end_request();
+    } else if (active_) {
+      srv_.api.engine().cancel(request_id_);
+    }
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.socket().close(ec);
+    if (waiting) maybe_finish();
   }
 
   void queue(std::string bytes, bool bounded) {
@@ -425,6 +506,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   std::unique_ptr<char[]> scratch_;
   bool in_exchange_ = false;
   uint64_t exchange_ = 0;
+  uint64_t watched_exchange_ = 0;  // the exchange a disconnect watch is armed for
   bool response_done_ = false;
 
   std::unique_ptr<GenerationJob> job_;
@@ -436,6 +518,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   double first_token_seconds_ = -1;
   int64_t prompt_length_ = 0;
   int64_t max_new_tokens_ = 0;
+  std::string adapter_label_;     // the request's adapter id ("": the base model), for the metrics
+  bool waiting_adapter_ = false;  // active, its adapter loading: not in the engine yet
+  GenerationRequest waiting_request_;
 
   std::string pending_, writing_;
   bool write_in_flight_ = false;

@@ -41,6 +41,7 @@ struct RequestRecord {
   int64_t input_length = 0;
   int64_t generated_tokens = 0;
   int64_t max_new_tokens = 0;
+  std::string adapter;  // the adapter id, "" for the base model
 };
 
 class Metrics {
@@ -63,6 +64,11 @@ class Metrics {
   int64_t in_flight_ = 0;
   Histogram duration_, queue_duration_, inference_duration_, time_per_token_, ttft_;
   Histogram generated_tokens_, input_length_, max_new_tokens_;
+  struct PerAdapter {
+    uint64_t requests = 0;
+    uint64_t generated_tokens = 0;
+  };
+  std::map<std::string, PerAdapter> by_adapter_;  // finished requests; "" : the base model
 };
 
 }  // namespace kestrel::server

@@ -6,6 +6,7 @@
 
 #include "core/logging.h"
 #include "io/falcon_config.h"
+#include "lora/adapter_store.h"
 #include "model/falcon_model.h"
 #include "server/http_error.h"
 #include "server/jobs.h"
@@ -35,6 +36,19 @@ constexpr RouteSpec kRoutes[] = {
     {"/v1/completions", "POST"},
     {"/v1/chat/completions", "POST"},
 };
+
+// "ORG/NAME": what a Hugging Face repo id looks like (not a path: no leading / or ., one /).
+Routed answer(Reply r) {
+  Routed out;
+  out.reply = std::move(r);
+  return out;
+}
+
+bool looks_like_repo_id(const std::string& id) {
+  const size_t slash = id.find('/');
+  return slash != std::string::npos && slash > 0 && slash + 1 < id.size() &&
+         id.find('/', slash + 1) == std::string::npos && id[0] != '.' && id[0] != '~';
+}
 
 int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -81,22 +95,19 @@ Routed Api::route(const std::string& method, const std::string& target, const st
   try {
     if (!options_.api_key.empty() && path != "/health" &&
         authorization != "Bearer " + options_.api_key)
-      return {error_reply(401, "authentication",
-                          "missing or wrong API key (Authorization: Bearer <key>)"),
-              {},
-              nullptr};
+      return answer(error_reply(401, "authentication",
+                                "missing or wrong API key (Authorization: Bearer <key>)"));
     return dispatch(method, path, body);
   } catch (const HttpError& e) {
     if (e.status() == 422) metrics_.request_failed("validation");
-    return {error_reply(e.status(), e.error_type(), e.what()), {}, nullptr};
+    return answer(error_reply(e.status(), e.error_type(), e.what()));
   } catch (const ValidationError& e) {
     metrics_.request_failed("validation");
-    return {error_reply(422, "validation", std::string("Input validation error: ") + e.what()),
-            {},
-            nullptr};
+    return answer(
+        error_reply(422, "validation", std::string("Input validation error: ") + e.what()));
   } catch (const std::exception& e) {
     spdlog::error("{} {}: {}", method, path, e.what());
-    return {error_reply(500, "internal", e.what()), {}, nullptr};
+    return answer(error_reply(500, "internal", e.what()));
   }
 }
 
@@ -107,20 +118,20 @@ Routed Api::dispatch(const std::string& method, const std::string& path, const s
   if (post && path == "/") return generate(body, false, true);
   if (post && path == "/v1/completions") return completions(body);
   if (post && path == "/v1/chat/completions") return chat(body);
-  if (post && path == "/tokenize") return {tokenize(body), {}, nullptr};
-  if (get && path == "/health") return {json_reply(200, {{"status", "ok"}}), {}, nullptr};
-  if (get && path == "/info") return {info(), {}, nullptr};
-  if (get && path == "/v1/models") return {models(), {}, nullptr};
+  if (post && path == "/tokenize") return answer(tokenize(body));
+  if (get && path == "/health") return answer(json_reply(200, {{"status", "ok"}}));
+  if (get && path == "/info") return answer(info());
+  if (get && path == "/v1/models") return answer(models());
   if (get && path == "/metrics") {
     Reply r;
     r.content_type = "text/plain; version=0.0.4";
     r.body = metrics_.render(engine_.stats());
-    return {std::move(r), {}, nullptr};
+    return answer(std::move(r));
   }
   if (get && (path == "/docs" || path == "/openapi.json" || path == "/api-doc/openapi.json")) {
     Reply r;
     r.body = openapi_json();
-    return {std::move(r), {}, nullptr};
+    return answer(std::move(r));
   }
   std::string allow;
   for (const RouteSpec& r : kRoutes)
@@ -129,9 +140,9 @@ Routed Api::dispatch(const std::string& method, const std::string& path, const s
     Reply r = error_reply(405, "method_not_allowed",
                           method + " is not allowed on " + path + " (allowed: " + allow + ")");
     r.headers.emplace_back("Allow", allow);
-    return {std::move(r), {}, nullptr};
+    return answer(std::move(r));
   }
-  return {error_reply(404, "not_found", "no route " + method + " " + path), {}, nullptr};
+  return answer(error_reply(404, "not_found", "no route " + method + " " + path));
 }
 
 Routed Api::generate(const std::string& body, bool stream_default, bool from_root) {
@@ -141,6 +152,10 @@ Routed Api::generate(const std::string& body, bool stream_default, bool from_roo
   std::vector<int32_t> ids = tokenizer_.encode(g.inputs);
   fit_to_limits(ids, g.truncate, g.max_new_tokens_given, g.sampling, options_.limits);
   Routed r;
+  if (g.adapter) {
+    check_adapter(*g.adapter, "adapter_id");
+    r.adapter = g.adapter;
+  }
   r.request.prompt_ids = std::move(ids);
   r.request.params = g.sampling;
   const int32_t eos = tokenizer_.eos_id().value_or(-1);
@@ -166,10 +181,12 @@ Routed Api::completions(const std::string& body) {
   fit_to_limits(ids, std::nullopt, req.max_tokens_given, req.sampling, options_.limits);
   if (req.echo && req.logprobs >= 0) req.sampling.prompt_logprobs = true;
   Routed r;
+  r.adapter = adapter_for_model(req.model);
+  if (r.adapter) check_adapter(*r.adapter, "model");
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
-  OpenAiContext ctx{"cmpl-" + std::to_string(next_id_++), unix_now(), options_.model_id,
-                    &tokenizer_};
+  OpenAiContext ctx{"cmpl-" + std::to_string(next_id_++), unix_now(),
+                    r.adapter ? r.adapter->id : options_.model_id, &tokenizer_};
   r.job = make_openai_job(std::move(req), std::move(ctx));
   return r;
 }
@@ -181,12 +198,46 @@ Routed Api::chat(const std::string& body) {
   std::vector<int32_t> ids = tokenizer_.encode(req.prompt, /*add_special_tokens=*/false);
   fit_to_limits(ids, std::nullopt, req.max_tokens_given, req.sampling, options_.limits);
   Routed r;
+  r.adapter = adapter_for_model(req.model);
+  if (r.adapter) check_adapter(*r.adapter, "model");
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
-  OpenAiContext ctx{"chatcmpl-" + std::to_string(next_id_++), unix_now(), options_.model_id,
-                    &tokenizer_};
+  OpenAiContext ctx{"chatcmpl-" + std::to_string(next_id_++), unix_now(),
+                    r.adapter ? r.adapter->id : options_.model_id, &tokenizer_};
   r.job = make_openai_job(std::move(req), std::move(ctx));
   return r;
+}
+
+std::optional<AdapterRef> Api::adapter_for_model(const std::string& model) const {
+  if (model.empty() || model == options_.model_id || model == options_.base_model_name)
+    return std::nullopt;
+  if (!options_.adapters)
+    throw ValidationError("model", "`model` '" + model + "' is not the served model ('" +
+                                       options_.model_id +
+                                       "') and adapters are not enabled on this server");
+  AdapterRef ref{model, AdapterSource::kLocal};
+  // The store resolves an id by its source on every get (loaded or not). A local folder (or a name
+  // under --adapters-dir) first; else an ORG/NAME id is a hub one.
+  try {
+    options_.adapters->resolve(model, AdapterSource::kLocal);
+    return ref;
+  } catch (const Error&) {
+  }
+  if (looks_like_repo_id(model)) ref.source = AdapterSource::kHub;
+  return ref;
+}
+
+void Api::check_adapter(const AdapterRef& ref, const char* field) {
+  if (!options_.adapters)
+    throw ValidationError(field, std::string("`") + field + "` names the adapter '" + ref.id +
+                                     "', but adapters are not enabled on this server");
+  try {
+    options_.adapters->resolve(ref.id, ref.source);
+  } catch (const Error& e) {
+    metrics_.request_failed("adapter");
+    throw HttpError(404, "not_found",
+                    std::string("`") + field + "`: adapter not found: " + e.what());
+  }
 }
 
 Reply Api::tokenize(const std::string& body) {
@@ -237,13 +288,40 @@ Reply Api::info() const {
                      {"version", kVersion},
                      {"sha", nullptr},
                      {"docker_label", nullptr},
-                     {"router", "kestrel"}});
+                     {"router", "kestrel"},
+                     {"adapters", adapters_json()},
+                     {"max_loaded_adapters", max_loaded_adapters()}});
+}
+
+json Api::adapters_json() const {
+  json out = json::array();
+  if (!options_.adapters) return out;
+  for (const LoadedAdapterInfo& a : options_.adapters->loaded())
+    out.push_back({{"name", a.name},
+                   {"folder", a.folder},
+                   {"bytes", a.bytes},
+                   {"rank", a.max_rank},
+                   {"in_use", a.in_use}});
+  return out;
+}
+
+int64_t Api::max_loaded_adapters() const {
+  return options_.adapters ? options_.adapters->options().max_loaded : 0;
 }
 
 Reply Api::models() const {
-  json model{
-      {"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "kestrel"}};
-  return json_reply(200, {{"object", "list"}, {"data", json::array({model})}});
+  json data = json::array();
+  data.push_back(
+      {{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "kestrel"}});
+  if (options_.adapters)
+    for (const LoadedAdapterInfo& a : options_.adapters->loaded())
+      data.push_back({{"id", a.name},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "kestrel"},
+                      {"parent", options_.model_id},
+                      {"root", a.folder}});
+  return json_reply(200, {{"object", "list"}, {"data", data}});
 }
 
 }  // namespace kestrel::server

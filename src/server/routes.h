@@ -59,10 +59,15 @@ struct Routed {
   std::optional<Reply> reply;  // set: answer this; else submit `request` and drive `job`
   GenerationRequest request;
   std::unique_ptr<GenerationJob> job;
+  // Set: the session gets this adapter from ApiOptions::adapters (loaded off its thread) into
+  // request.adapter before it submits.
+  std::optional<AdapterRef> adapter;
 };
 
 struct ApiOptions {
   std::string model_id = "kestrel";
+  // The model folder's name: like model_id (and ""), OpenAI's `model` set to it means the base.
+  std::string base_model_name;
   std::string api_key;  // empty: no auth
   int64_t max_concurrent_requests = 512;
   size_t max_body_bytes = 2 << 20;
@@ -100,6 +105,13 @@ class Api {
   Reply tokenize(const std::string& body);
   Reply info() const;
   Reply models() const;
+  json adapters_json() const;  // /info's "adapters": the loaded ones
+  int64_t max_loaded_adapters() const;
+  // OpenAI's `model`: the base model (nullopt) or an adapter id (docs/server.md).
+  std::optional<AdapterRef> adapter_for_model(const std::string& model) const;
+  // A 422 when adapters are off, a 404 when `ref` names no folder (checked here, before the
+  // request waits for a load).
+  void check_adapter(const AdapterRef& ref, const char* field);
 
   Engine& engine_;
   const text::Tokenizer& tokenizer_;

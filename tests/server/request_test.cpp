@@ -102,7 +102,7 @@ TEST(GenerateRequest, ValidationNamesTheField) {
 
 TEST(GenerateRequest, UnsupportedYet) {
   for (const char* body :
-       {R"({"inputs": "x", "parameters": {"adapter_id": "a/b"}})",
+       {R"({"inputs": "x", "parameters": {"merged_adapters": {"ids": ["a", "b"]}}})",
         R"({"inputs": "x", "parameters": {"watermark": true}})",
         R"({"inputs": "x", "parameters": {"response_format": {"type": "json_object"}}})"}) {
     try {
@@ -112,6 +112,47 @@ TEST(GenerateRequest, UnsupportedYet) {
       EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
     }
   }
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"merged_adapters": {}}})"),
+            "merged_adapters");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"adapter_parameters": {"ids": []}}})"),
+            "adapter_parameters");
+}
+
+TEST(GenerateRequest, AdapterIdAndSource) {
+  EXPECT_FALSE(parse(R"({"inputs": "x"})").adapter);
+  EXPECT_FALSE(parse(R"({"inputs": "x", "parameters": {"adapter_id": null}})").adapter);
+  EXPECT_FALSE(parse(R"({"inputs": "x", "parameters": {"adapter_id": ""}})").adapter);  // base
+
+  GenerateParams g = parse(R"({"inputs": "x", "parameters": {"adapter_id": "adapters/e1"}})");
+  ASSERT_TRUE(g.adapter);
+  EXPECT_EQ(g.adapter->id, "adapters/e1");
+  EXPECT_EQ(g.adapter->source, AdapterSource::kLocal);  // LoRAX's default for a null source
+
+  g = parse(
+      R"({"inputs": "x", "parameters": {"adapter_id": "org/name", "adapter_source": "hub"}})");
+  ASSERT_TRUE(g.adapter);
+  EXPECT_EQ(g.adapter->id, "org/name");
+  EXPECT_EQ(g.adapter->source, AdapterSource::kHub);
+  g = parse(R"({"inputs": "x", "parameters": {"adapter_id": "a", "adapter_source": "local"}})");
+  EXPECT_EQ(g.adapter->source, AdapterSource::kLocal);
+  g = parse(R"({"inputs": "x", "parameters": {"adapter_id": "a", "adapter_source": null}})");
+  EXPECT_EQ(g.adapter->source, AdapterSource::kLocal);
+
+  // Sources kestrel does not read (LoRAX's s3, pbase) are a 422 naming the source.
+  for (const char* src : {"s3", "pbase", "HUB", ""}) {
+    const std::string body = std::string(R"({"inputs": "x", "parameters": {"adapter_id": "a", )") +
+                             R"("adapter_source": ")" + src + "\"}}";
+    try {
+      parse(body);
+      ADD_FAILURE() << body;
+    } catch (const ValidationError& e) {
+      EXPECT_EQ(e.field(), "adapter_source");
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + src + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"adapter_id": 5}})"), "adapter_id");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"adapter_source": 1}})"), "adapter_source");
 }
 
 TEST(GenerateRequest, BestOfNotWhenStreaming) {

@@ -166,5 +166,35 @@ TEST(Metrics, PrometheusText) {
     EXPECT_NE(text.find(needle), std::string::npos) << needle;
 }
 
+TEST(Metrics, LabelledByAdapter) {
+  Metrics m;
+  EngineStats s;
+  // Before any request the base model's series is there, at 0.
+  std::string text = m.render(s);
+  EXPECT_NE(text.find("kestrel_adapter_requests_total{adapter=\"\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("kestrel_adapter_generated_tokens_total{adapter=\"\"} 0\n"),
+            std::string::npos);
+  RequestRecord r;
+  r.generated_tokens = 5;
+  m.request_succeeded(r);  // base
+  r.adapter = "e1-r8-all";
+  r.generated_tokens = 7;
+  m.request_succeeded(r);
+  m.request_succeeded(r);
+  r.adapter = "odd\"name\\x";  // escaped as Prometheus label values are
+  r.generated_tokens = 1;
+  m.request_succeeded(r);
+  text = m.render(s);
+  for (const char* needle :
+       {"kestrel_adapter_requests_total{adapter=\"\"} 1\n",
+        "kestrel_adapter_requests_total{adapter=\"e1-r8-all\"} 2\n",
+        "kestrel_adapter_generated_tokens_total{adapter=\"\"} 5\n",
+        "kestrel_adapter_generated_tokens_total{adapter=\"e1-r8-all\"} 14\n",
+        "kestrel_adapter_requests_total{adapter=\"odd\\\"name\\\\x\"} 1\n",
+        "# TYPE kestrel_adapter_requests_total counter\n", "lorax_request_success 4\n",
+        "lorax_request_generated_tokens_sum 20\n"})
+    EXPECT_NE(text.find(needle), std::string::npos) << needle;
+}
+
 }  // namespace
 }  // namespace kestrel::server

@@ -7,6 +7,7 @@ import requests
 from conftest import kestrel_generate
 
 PROMPT = "The falcon is a bird of prey that"
+MODEL_ID = "e2e-falcon7b-fullvocab"  # the served model's id: OpenAI's `model` for the base model
 N = 12
 
 
@@ -104,12 +105,22 @@ def test_text_generation_client_best_of_and_prefill(url):
     assert all(t.logprob <= 0 for t in resp.details.prefill[1:])
 
 
-def test_lorax_client_unsupported_adapter(url):
+def test_lorax_client_missing_adapter(url):
+    """adapter_id is served (tests/server/test_lora.py); one that names no folder is a 404 that
+    lorax-client raises as NotFoundError, naming the adapter."""
     from lorax import Client
-    from lorax.errors import ValidationError
+    from lorax.errors import NotFoundError
 
-    with pytest.raises(ValidationError, match="not supported yet"):
+    with pytest.raises(NotFoundError, match="some/adapter"):
         Client(url, timeout=60).generate(PROMPT, adapter_id="some/adapter", max_new_tokens=2)
+
+
+def test_openai_unknown_model_is_404(url):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as e:
+        openai_client(url).completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+    assert "no-such-model" in e.value.response.json()["error"]
 
 
 def test_text_generation_client(url, reference):
@@ -149,11 +160,11 @@ def openai_client(url):
 def test_openai_completions(url, reference):
     ids, text = reference
     client = openai_client(url)
-    c = client.completions.create(model="kestrel", prompt=PROMPT, max_tokens=N, temperature=0)
+    c = client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=N, temperature=0)
     assert c.choices[0].text == text
     assert c.usage.completion_tokens == len(ids)
     assert c.usage.total_tokens == c.usage.prompt_tokens + len(ids)
-    chunks = list(client.completions.create(model="kestrel", prompt=PROMPT, max_tokens=N,
+    chunks = list(client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=N,
                                             temperature=0, stream=True))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == text
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
@@ -161,7 +172,7 @@ def test_openai_completions(url, reference):
 
 def test_openai_completions_logprobs(url, reference):
     ids, _ = reference
-    c = openai_client(url).completions.create(model="kestrel", prompt=PROMPT, max_tokens=N,
+    c = openai_client(url).completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=N,
                                               temperature=0, logprobs=2)
     lp = c.choices[0].logprobs
     assert len(lp.token_logprobs) == len(ids)
@@ -173,7 +184,7 @@ def test_openai_chat(url):
     client = openai_client(url)
     messages = [{"role": "system", "content": "You are terse."},
                 {"role": "user", "content": "Name a falcon."}]
-    c = client.chat.completions.create(model="kestrel", messages=messages, max_tokens=10,
+    c = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=10,
                                        temperature=0, logprobs=True, top_logprobs=2)
     choice = c.choices[0]
     assert choice.message.role == "assistant"
@@ -184,7 +195,7 @@ def test_openai_chat(url):
     r = requests.post(url + "/generate", json={"inputs": prompt, "parameters": {"max_new_tokens": 10}},
                       timeout=60)
     assert r.json()["generated_text"] == choice.message.content
-    stream = client.chat.completions.create(model="kestrel", messages=messages, max_tokens=10,
+    stream = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=10,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True})
     chunks = list(stream)

@@ -37,7 +37,9 @@ def assert_validation(r, field):
     ({"truncate": 0}, "truncate"),
     ({"best_of": 2}, "best_of"),
     ({"return_k_alternatives": 100}, "return_k_alternatives"),
-    ({"adapter_id": "org/adapter"}, "adapter_id"),
+    ({"adapter_id": 7}, "adapter_id"),
+    ({"adapter_id": "a", "adapter_source": "s3"}, "adapter_source"),
+    ({"merged_adapters": {"ids": ["a", "b"]}}, "merged_adapters"),
     ({"response_format": {"type": "json_object", "schema": {}}}, "response_format"),
     ({"watermark": True}, "watermark"),
 ])
@@ -46,7 +48,7 @@ def test_bad_parameters(url, params, field):
 
 
 def test_not_supported_yet_message(url):
-    for params in ({"adapter_id": "a/b"}, {"watermark": True}, {"response_format": {"type": "json_object"}}):
+    for params in ({"merged_adapters": {"ids": ["a"]}}, {"watermark": True}, {"response_format": {"type": "json_object"}}):
         r = post(url, "/generate", {"inputs": "Hello", "parameters": params})
         assert "not supported yet" in r.json()["error"]
 
@@ -104,6 +106,8 @@ def test_unknown_route_404_and_wrong_method_405(url):
 
 def test_openai_errors(url):
     assert_validation(post(url, "/v1/completions", {"model": "m"}), "prompt")
+    r = post(url, "/v1/completions", {"model": "m", "prompt": "x"})  # m: no such adapter
+    assert r.status_code == 404 and r.json()["error_type"] == "not_found" and "m" in r.json()["error"]
     assert_validation(post(url, "/v1/completions", {"prompt": "x", "temperature": -1}), "temperature")
     assert_validation(post(url, "/v1/completions", {"prompt": "x", "n": 3}), "n")
     assert_validation(post(url, "/v1/completions", {"prompt": "x", "max_tokens": 10**9}), "max_tokens")
