@@ -6,6 +6,7 @@ The truth is tests/data/lora-e2e-falcon7b-fullvocab/fixture.json: the greedy con
 base fixture's prompts under adapter e1-r8-all (transformers + peft).
 """
 import json
+import os
 import shutil
 import socket
 import threading
@@ -55,13 +56,18 @@ def layout(tmp_path_factory):
     edit_config(copy_adapter(tmp / "dora"), use_dora=True)
     for i in range(4):
         copy_adapter(tmp / f"fresh{i}")  # loaded by one test each, never before
+    # A load that lasts as long as the test wants: the loader blocks opening this FIFO (its
+    # adapter_config.json) until the test writes the real config into it.
+    slow = copy_adapter(tmp / "slow")
+    config = (slow / "adapter_config.json").read_bytes()
+    (slow / "adapter_config.json").unlink()
+    os.mkfifo(slow / "adapter_config.json")
+    (tmp / "slow-config.json").write_bytes(config)
     return tmp
 
 
 @pytest.fixture(scope="module")
 def lora_server(layout):
-    import os
-
     env = {**os.environ, "HF_HUB_CACHE": str(layout / "hub")}
     s = Server("--max-input-length", 256, "--max-total-tokens", 512, "--adapters-dir",
                layout / "adir", "--adapter", f"pre={layout / 'pre-e1'}", "--max-loaded-adapters",
@@ -334,3 +340,74 @@ def test_openai_base_names_with_model_id():
         assert r.json()["choices"][0]["text"] == LORA["greedy_text"][0]
     finally:
         assert s.stop() == 0, s.stderr()
+
+
+def release_fifo(fifo, content):
+    """Writes `content` into the FIFO once its reader (the loader) has opened it."""
+    deadline = time.time() + 60
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+    os.set_blocking(fd, True)
+    os.write(fd, content)
+    os.close(fd)
+
+
+def test_slow_load_blocks_nobody(lora_server, lurl, layout):
+    """While one adapter's load hangs (its config a FIFO nobody writes yet), base requests run and
+    answer, the waiting requests hold their slots (a second one joins the same load), a client
+    that hangs up gives its slot back at once, and when the load ends both waiters get the
+    fixture's text."""
+    slow = str(layout / "slow")
+    results = {}
+
+    def ask(key, prompt):
+        results[key] = generate(lurl, prompt, timeout=300, adapter_id=slow)
+
+    waiters = [threading.Thread(target=ask, args=(k, PROMPTS[k])) for k in (0, 1)]
+    try:
+        for t in waiters:
+            t.start()
+        deadline = time.time() + 30
+        while time.time() < deadline and in_flight(lora_server) < 2:
+            time.sleep(0.05)
+        assert in_flight(lora_server) == 2
+        # The engine and the other connections go on meanwhile.
+        for prompt, text in zip(PROMPTS, BASE["greedy_text"]):
+            assert greedy_text(lurl, prompt) == text
+        assert requests.get(lurl + "/health", timeout=10).status_code == 200
+        assert in_flight(lora_server) == 2 and not results
+        # A third client for the same adapter hangs up while the load is still blocked.
+        u = urlparse(lurl)
+        body = json.dumps({"inputs": PROMPTS[2], "parameters": {"adapter_id": slow}}).encode()
+        sock = socket.create_connection((u.hostname, u.port), timeout=10)
+        sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        deadline = time.time() + 30
+        while time.time() < deadline and in_flight(lora_server) < 3:
+            time.sleep(0.05)
+        assert in_flight(lora_server) == 3
+        sock.close()
+        deadline = time.time() + 30
+        while time.time() < deadline and in_flight(lora_server) != 2:
+            time.sleep(0.05)
+        assert in_flight(lora_server) == 2
+        assert not results
+    finally:
+        release_fifo(layout / "slow" / "adapter_config.json",
+                     (layout / "slow-config.json").read_bytes())
+        for t in waiters:
+            t.join(timeout=300)
+    for k in (0, 1):
+        assert results[k].status_code == 200, results[k].text
+        assert results[k].json()["generated_text"] == LORA["greedy_text"][k]
+    deadline = time.time() + 30
+    while time.time() < deadline and in_flight(lora_server) != 0:
+        time.sleep(0.05)
+    assert in_flight(lora_server) == 0
+    assert lora_server.alive()
