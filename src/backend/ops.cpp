@@ -362,8 +362,11 @@ void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor&
                   "lora_add: segment ", s, ": a ", shape_str(a.shape()), ", b ",
                   shape_str(b.shape()), " for x ", shape_str(x.shape()), ", out ",
                   shape_str(out.shape()));
-    KESTREL_CHECK(a.dtype() == x.dtype() && b.dtype() == x.dtype(), "lora_add: segment ", s,
-                  " weights in ", dtype_name(a.dtype()), ", x in ", dtype_name(x.dtype()));
+    // CUDA also takes F16 weights with bf16 x (F16 adapters are kept as F16 there).
+    const bool f16_ok = x.device() == Device::kCuda && a.dtype() == DType::kF16;
+    KESTREL_CHECK((a.dtype() == x.dtype() || f16_ok) && b.dtype() == a.dtype(),
+                  "lora_add: segment ", s, " weights in ", dtype_name(a.dtype()), " and ",
+                  dtype_name(b.dtype()), ", x in ", dtype_name(x.dtype()));
     same_device("lora_add", x, a);
     same_device("lora_add", x, b);
   }

@@ -8,6 +8,7 @@
 #include <map>
 #include <utility>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/falcon_model.h"
@@ -90,6 +91,15 @@ Tensor slice_f32(const Tensor& t, const std::vector<int64_t>& rows,
 
 }  // namespace
 
+// A host F16 copy of a host F32 tensor (exact for values read from an F16 file).
+static Tensor to_f16(const Tensor& t) {
+  Tensor h = Tensor::empty(DType::kF16, t.shape());
+  const float* src = t.data<float>();
+  uint16_t* dst = h.data<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = f32_to_f16(src[i]);
+  return h;
+}
+
 // Fills every rank's LoraLinear of module m of `layer` from the full host F32 a [r, in] and
 // b [out, r]: column-parallel qkv / dense_h_to_4h split B's rows like the base rows (A
 // replicated), row-parallel dense / dense_4h_to_h split A's columns like the base columns (B
@@ -121,8 +131,13 @@ static void put_sharded(LoraAdapter& ad, const FalconConfig& full, int n, int64_
     const Tensor as = a_cols.empty() ? a : slice_f32(a, {}, a_cols);
     const Tensor bs = b_rows.empty() ? b : slice_f32(b, b_rows, {});
     LoraLinear& l = ad.mutable_linear(r, layer, m);
-    l.a = ops::upload_weight(as.raw(), DType::kF32, as.shape(), dtype, device);
-    l.b = ops::upload_weight(bs.raw(), DType::kF32, bs.shape(), dtype, device);
+    if (dtype == DType::kF16) {
+      l.a = ops::to_device(to_f16(as), device);
+      l.b = ops::to_device(to_f16(bs), device);
+    } else {
+      l.a = ops::upload_weight(as.raw(), DType::kF32, as.shape(), dtype, device);
+      l.b = ops::upload_weight(bs.raw(), DType::kF32, bs.shape(), dtype, device);
+    }
     l.scale = scale;
   }
 }
@@ -195,7 +210,11 @@ std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& 
                     shape_str(b->shape), ", the base model needs ", shape_str(Shape{out, r}));
       const Tensor ha = ops::upload_weight(a->data, a->dtype, a->shape, DType::kF32, Device::kCpu);
       const Tensor hb = ops::upload_weight(b->data, b->dtype, b->shape, DType::kF32, Device::kCpu);
-      put_sharded(*ad, c, n, l, m, ha, hb, cfg.scale_for(l, m), dtype, device_);
+      // F16 adapters stay F16 on CUDA (the kernels read either; bf16 would drop 3 bits).
+      const bool keep_f16 =
+          device_ == Device::kCuda && a->dtype == DType::kF16 && b->dtype == DType::kF16;
+      put_sharded(*ad, c, n, l, m, ha, hb, cfg.scale_for(l, m), keep_f16 ? DType::kF16 : dtype,
+                  device_);
     }
   }
   ops::synchronize(device_);

@@ -420,15 +420,42 @@ struct LoraCase {
   int64_t n_rows;
 };
 
-void check_lora(const LoraCase& c) {
+// How check_lora's adapter weights are made: bf16 values on the GPU as bf16; F16-precision
+// values on the GPU as F16 (every other segment, or all), or the same values rounded to bf16.
+enum class LoraWeights { kBf16, kF16, kF16Mixed, kF16AsBf16 };
+
+// A host F32 tensor of uniform values in [lo, hi), rounded to F16.
+Tensor random_host_f16(Shape shape, float lo, float hi) {
+  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = f16_to_f32(f32_to_f16(u(rng())));
+  return t;
+}
+
+Tensor to_gpu_f16(const Tensor& host) {
+  Tensor h = Tensor::empty(DType::kF16, host.shape());
+  for (int64_t i = 0; i < host.numel(); ++i)
+    h.data<uint16_t>()[i] = f32_to_f16(host.data<float>()[i]);
+  return ops::to_device(h, Device::kCuda);
+}
+
+// Checks the CUDA op against the CPU op (F32) and returns the delta's own normalised error.
+// zero_base: out starts at 0, so the delta's error is not hidden under the base's rounding.
+double check_lora(const LoraCase& c, LoraWeights w = LoraWeights::kBf16, bool zero_base = false) {
   Tensor x = random_host({c.n_rows, c.in});
   Tensor base = random_host({c.n_rows, c.out});
+  if (zero_base) std::fill(base.data<float>(), base.data<float>() + base.numel(), 0.0f);
   std::vector<Tensor> a, b, ga, gb;
   for (int64_t r : c.ranks) {
-    a.push_back(random_host({r, c.in}, -0.1f, 0.1f));
-    b.push_back(random_host({c.out, r}, -0.1f, 0.1f));
-    ga.push_back(to_gpu_bf16(a.back()));
-    gb.push_back(to_gpu_bf16(b.back()));
+    const bool f16_values = w != LoraWeights::kBf16;
+    a.push_back(f16_values ? random_host_f16({r, c.in}, -0.1f, 0.1f)
+                           : random_host({r, c.in}, -0.1f, 0.1f));
+    b.push_back(f16_values ? random_host_f16({c.out, r}, -0.1f, 0.1f)
+                           : random_host({c.out, r}, -0.1f, 0.1f));
+    const bool as_f16 =
+        w == LoraWeights::kF16 || (w == LoraWeights::kF16Mixed && a.size() % 2 == 1);
+    ga.push_back(as_f16 ? to_gpu_f16(a.back()) : to_gpu_bf16(a.back()));
+    gb.push_back(as_f16 ? to_gpu_f16(b.back()) : to_gpu_bf16(b.back()));
   }
   std::vector<ops::LoraSegment> seg, gseg;
   for (size_t s = 0; s < c.ranks.size(); ++s) {
@@ -472,12 +499,14 @@ void check_lora(const LoraCase& c) {
   // bf16 rounding of out (relative 2^-9 of the base) dominates when the delta is small.
   EXPECT_LE(err, 5e-2 + 4e-3 * std::sqrt(base_den / std::max(den, 1e-30)))
       << c.in << "->" << c.out << " segments " << c.ranks.size();
+  return err;
 }
 
 TEST(CudaOps, LoraAddMatchesCpu) {
   REQUIRE_GPU();
-  // Decode: 1 row per segment, all rows covered; 32 adapters at falcon-7b shapes.
-  for (int64_t r : {1, 8, 16, 64}) {
+  // Decode: 1 row per segment, all rows covered; 32 adapters at falcon-7b shapes (the shrink
+  // splits `in` over blocks here, up to 64 parts).
+  for (int64_t r : {1, 8, 16, 64, 128}) {
     for (auto [in, out] : {std::pair<int64_t, int64_t>{4544, 4672}, {18176, 4544}}) {
       LoraCase c{in, out, {}, {}, 32};
       for (int32_t s = 0; s < 32; ++s) {
@@ -487,8 +516,24 @@ TEST(CudaOps, LoraAddMatchesCpu) {
       check_lora(c);
     }
   }
+  // Batch 1 (one row, the most splits), and 8 adapters of 4 rows (tiles of 4 rows).
+  for (int64_t r : {16, 128}) {
+    check_lora({18176, 4544, {r}, {{0, 1}}, 1});
+    check_lora({4544, 18176, {r}, {{0, 1}}, 1});
+  }
+  {
+    LoraCase c{4544, 4672, {}, {}, 32};
+    for (int32_t s = 0; s < 8; ++s) {
+      c.ranks.push_back(16);
+      c.rows.push_back({4 * s, 4 * s + 4});
+    }
+    check_lora(c);
+  }
   // Prefill: long segments with gaps (rows 0-2, 300-309 and 700-719 in none), mixed ranks.
   check_lora({4544, 4672, {16, 8, 64}, {{3, 300}, {310, 700}, {720, 1024}}, 1024});
+  check_lora({18176, 4544, {128, 1, 24}, {{0, 13}, {13, 200}, {250, 256}}, 260});
+  // A prefill segment next to decode rows of other adapters, ranks 1 .. 128, gaps.
+  check_lora({4544, 4544, {32, 1, 128, 8}, {{0, 97}, {97, 98}, {99, 100}, {101, 102}}, 103});
   // Small odd shapes (scalar loads), ranks 1 .. 64, one segment up to 64 segments with gaps.
   check_lora({37, 53, {1}, {{0, 5}}, 5});
   check_lora({37, 53, {3, 7, 64}, {{1, 2}, {4, 19}, {19, 30}}, 33});
@@ -509,6 +554,28 @@ TEST(CudaOps, LoraAddMatchesCpu) {
     }
     check_lora(c);
   }
+}
+
+// F16 adapter weights stay F16 on the GPU: the same F16-precision values give a smaller error
+// than when rounded to bf16 (out starts at 0, so the delta's error shows), and F16 and bf16
+// segments mix in one call; the scalar paths (in % 8 != 0, r % 8 != 0) read F16 too.
+TEST(CudaOps, LoraAddF16Weights) {
+  REQUIRE_GPU();
+  LoraCase c{4544, 4672, {}, {}, 32};
+  for (int32_t s = 0; s < 32; ++s) {
+    c.ranks.push_back(16);
+    c.rows.push_back({s, s + 1});
+  }
+  const double e16 = check_lora(c, LoraWeights::kF16, true);
+  const double ebf = check_lora(c, LoraWeights::kF16AsBf16, true);
+  std::printf("lora_add delta error, F16 weights kept %.3e, rounded to bf16 %.3e\n", e16, ebf);
+  EXPECT_LT(e16, ebf);
+  EXPECT_LE(e16, 3e-3);  // out's own bf16 rounding (2^-9 rms relative) and fp32 sums
+  check_lora(c, LoraWeights::kF16Mixed);
+  check_lora({4544, 4672, {16, 8, 64}, {{3, 300}, {310, 700}, {720, 1024}}, 1024},
+             LoraWeights::kF16Mixed);
+  check_lora({37, 53, {3, 7, 64}, {{1, 2}, {4, 19}, {19, 30}}, 33}, LoraWeights::kF16);
+  check_lora({100, 260, {5, 16}, {{0, 1}, {1, 9}}, 9}, LoraWeights::kF16Mixed);
 }
 
 TEST(CudaOps, LoraAddRefusesRankAbove128) {

@@ -131,8 +131,11 @@ void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Te
   int max_r = 0;
   for (size_t i = 0; i < segments.size(); ++i) {
     const ops::LoraSegment& g = segments[i];
-    need("lora_add", "a", *g.a, DType::kBF16);
-    need("lora_add", "b", *g.b, DType::kBF16);
+    KESTREL_CHECK(g.a->device() == Device::kCuda && g.b->device() == Device::kCuda &&
+                      (g.a->dtype() == DType::kBF16 || g.a->dtype() == DType::kF16) &&
+                      g.b->dtype() == g.a->dtype(),
+                  "lora_add (cuda): segment ", i, " has a ", dtype_name(g.a->dtype()), " and b ",
+                  dtype_name(g.b->dtype()), "; both BF16 or both F16 on the GPU expected");
     const int64_t r = g.a->dim(0);
     KESTREL_CHECK(r <= kernels::kMaxLoraRank, "lora_add (cuda): segment ", i, " has rank ", r,
                   ", the CUDA kernels take at most ", kernels::kMaxLoraRank);
@@ -144,11 +147,11 @@ void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Te
     d.scale = g.scale;
     d.a = bf(*g.a);
     d.b = bf(*g.b);
+    d.f16 = g.a->dtype() == DType::kF16 ? 1 : 0;
     descs.push_back(d);
     max_r = std::max(max_r, d.r);
   }
   if (descs.empty()) return;
-  Tensor v = Tensor::empty(DType::kF32, {x.dim(0), max_r}, Device::kCuda);
   LoraTables& tab = lora_tables();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
@@ -172,8 +175,11 @@ void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Te
       CUDA_CHECK(cudaEventRecord(tab.done[slot], stream()));
       tab.recorded[slot] = true;
     }
-    kernels::lora_add(tab.device, static_cast<int>(n), max_rows, max_r, vec_in, vec_b, bf(x), in,
-                      v.data<float>(), out_dim, bf_mut(out), stream());
+    const int splits =
+        kernels::lora_shrink_splits(in, static_cast<int>(n), max_rows, max_r, vec_in);
+    Tensor v = Tensor::empty(DType::kF32, {splits, x.dim(0), max_r}, Device::kCuda);
+    kernels::lora_add(tab.device, static_cast<int>(n), max_rows, max_r, vec_in, vec_b, bf(x),
+                      x.dim(0), in, v.data<float>(), splits, out_dim, bf_mut(out), stream());
     CUDA_CHECK_LAUNCH();
   }
 }

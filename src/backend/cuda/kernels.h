@@ -117,21 +117,27 @@ void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStr
 
 // --- LoRA (lora.cu) -----------------------------------------------------------
 // One segment of ops::lora_add in the device-side table: rows [begin, end) of x and out,
-// a [r, in] and b [out_dim, r] (bf16), scale. 32 bytes.
+// a [r, in] and b [out_dim, r] (bf16, or f16 when f16 != 0), scale. 40 bytes.
 struct LoraSegDesc {
   int32_t begin = 0, end = 0, r = 0;
   float scale = 1.0f;
   const uint16_t* a = nullptr;
   const uint16_t* b = nullptr;
+  int32_t f16 = 0;
 };
 constexpr int kMaxLoraRank = 128;  // r above it is refused by the host op
 constexpr int kLoraTileRows = 8;   // rows per tile of both kernels
-// out [T, out_dim] (bf16) += scale * (x [T, in] a^T) b^T for each of the n_segments entries of
-// table (a device pointer); v [T, max_r] F32 scratch (rows in no segment are not touched).
+// How many parts the shrink splits `in` into for this launch (1 for long segments, up to 64
+// when the grid would be small, as in decode); v needs splits x rows x max_r floats.
+int lora_shrink_splits(int64_t in, int n_segments, int max_rows, int max_r, bool vec_in);
+// out [rows, out_dim] (bf16) += scale * (x [rows, in] a^T) b^T for each of the n_segments
+// entries of table (a device pointer); v [splits, rows, max_r] F32 scratch (splits from
+// lora_shrink_splits with the same arguments; rows in no segment are not touched).
 // max_rows: the longest segment; vec_in: in % 8 == 0 and x, every a 16-byte aligned; vec_b:
-// every r % 8 == 0 and every b 16-byte aligned.
+// every r % 8 == 0 and every b 16-byte aligned. Two launches; the second is a programmatic
+// dependent of the first (KESTREL_LORA_PDL=0: a plain launch).
 void lora_add(const LoraSegDesc* table, int n_segments, int max_rows, int max_r, bool vec_in,
-              bool vec_b, const uint16_t* x, int64_t in, float* v, int64_t out_dim, uint16_t* out,
-              cudaStream_t s);
+              bool vec_b, const uint16_t* x, int64_t rows, int64_t in, float* v, int splits,
+              int64_t out_dim, uint16_t* out, cudaStream_t s);
 
 }  // namespace kestrel::cuda::kernels
