@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -194,6 +196,31 @@ TEST_F(CudaGraphTest, Falcon7bShapesGraphsMatchEager) {
   FalconModel model =
       FalconModel::random(FalconConfig::from_json(j, "falcon-7b, 2 layers"), Device::kCuda, 3);
   run_schedule(model);
+}
+
+// Another thread uploading weights (as the adapter store's loader does) while graphs are
+// captured: its work must stay out of the captures, and both sides stay right.
+TEST_F(CudaGraphTest, UploadsOnAnotherThreadDuringCaptures) {
+  FalconModel model = FalconModel::load(test::fixture_dir("falcon7b-hd128-mqa"), Device::kCuda);
+  std::atomic<bool> stop{false};
+  int64_t uploads = 0, wrong = 0;
+  std::thread loader([&] {
+    std::vector<float> host(1 << 16);
+    while (!stop.load()) {
+      for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>((i + uploads) % 251);
+      const Tensor dev =
+          ops::upload_weight(host.data(), DType::kF32, {static_cast<int64_t>(host.size())},
+                             DType::kF32, Device::kCuda);
+      const Tensor back = ops::to_host_f32(dev);
+      for (size_t i = 0; i < host.size(); ++i) wrong += back.data<float>()[i] != host[i];
+      ++uploads;
+    }
+  });
+  run_schedule(model);
+  stop = true;
+  loader.join();
+  EXPECT_GT(uploads, 0);
+  EXPECT_EQ(wrong, 0);
 }
 
 // Off: every step eager. Steps graphs do not take (prefill, LoRA) run eagerly too.

@@ -150,6 +150,14 @@ CachingAllocator& allocator() {
 // from the graph pool. Other threads (an adapter loading) keep the main lists.
 thread_local bool t_graph_pool = false;
 
+// Held through a graph capture and by the copies and uploads that other threads (the adapter
+// store's loader) queue on kestrel's stream: such work must not land inside a capture, and its
+// synchronisations would invalidate it. Recursive: the capturing thread may copy.
+std::recursive_mutex& capture_mutex() {
+  static std::recursive_mutex* m = new std::recursive_mutex();
+  return *m;
+}
+
 void* device_alloc(size_t nbytes) {
   return allocator().alloc(nbytes, t_graph_pool);
 }
@@ -254,6 +262,7 @@ void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, siz
 }
 
 void copy(const Tensor& src, Tensor& dst) {
+  std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
   cudaStream_t s = stream();
   const bool src_dev = src.device() == Device::kCuda, dst_dev = dst.device() == Device::kCuda;
   if (src.dtype() == dst.dtype()) {
@@ -293,6 +302,7 @@ void copy(const Tensor& src, Tensor& dst) {
 }
 
 Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp, float constant) {
+  std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
   Tensor out = Tensor::empty(dtype, shape, Device::kCuda);
   kernels::random_uniform(out.raw(), dtype == DType::kBF16, out.numel(), seed, amp, constant,
                           stream());
@@ -301,6 +311,7 @@ Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp,
 }
 
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype) {
+  std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
   KESTREL_CHECK(dtype == DType::kBF16 || dtype == DType::kF32,
                 "upload_weight: the CUDA backend keeps weights in BF16 or F32, not ",
                 dtype_name(dtype));
@@ -360,6 +371,7 @@ class CudaGraph final : public ops::DeviceGraph {
 
 std::unique_ptr<ops::DeviceGraph> capture_graph(const std::function<Tensor()>& body, Tensor* out) {
   cudaStream_t s = stream();
+  std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
   GraphPoolScope pool;
   // The eager run sets what the first launch of a kernel or a GEMM shape sets up (attributes,
   // cuBLASLt plans, workspaces) and leaves the pool holding the blocks the capture will take.
