@@ -77,6 +77,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     out += "Content-Type: " + r.content_type + "\r\n";
     out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
     for (const auto& [k, v] : r.headers) out += k + ": " + v + "\r\n";
+    out += adapter_headers();
     out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     out += r.body;
     response_done_ = true;
@@ -89,6 +90,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     std::string out = "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
                       "\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
     out += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
+    out += adapter_headers();
     out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     queue(std::move(out), false);
   }
@@ -214,6 +216,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     prompt_length_ = static_cast<int64_t>(r.request.prompt_ids.size());
     max_new_tokens_ = r.request.params.max_new_tokens;
     adapter_label_ = r.adapter ? r.adapter->id : "";
+    adapter_source_ = r.adapter && r.adapter->source == AdapterSource::kHub ? "hub" : "local";
     if (r.adapter) return wait_for_adapter(std::move(r.request), *r.adapter);
     start_generation(std::move(r.request));
   }
@@ -480,9 +483,19 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     stream_.socket().close(ec);
   }
 
+  // LoRAX's response headers for a request under an adapter (left out for an id that holds
+  // characters a header cannot carry).
+  std::string adapter_headers() const {
+    if (adapter_label_.empty()) return "";
+    for (unsigned char c : adapter_label_)
+      if (c < 0x20 || c == 0x7f) return "";
+    return "x-adapter-id: " + adapter_label_ + "\r\nx-adapter-source: " + adapter_source_ + "\r\n";
+  }
+
   void begin_exchange() {
     if (in_exchange_) return;
     in_exchange_ = true;
+    adapter_label_.clear();
     ++exchange_;
     ++srv_.exchanges;
   }
@@ -518,6 +531,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   double first_token_seconds_ = -1;
   int64_t prompt_length_ = 0;
   int64_t max_new_tokens_ = 0;
+  std::string adapter_source_;    // "local" / "hub", with adapter_label_
   std::string adapter_label_;     // the request's adapter id ("": the base model), for the metrics
   bool waiting_adapter_ = false;  // active, its adapter loading: not in the engine yet
   GenerationRequest waiting_request_;

@@ -108,12 +108,17 @@ def test_generate_with_local_folder(lurl):
         "max_new_tokens": N, "adapter_id": str(ADAPTER)}}, timeout=120)
     assert r.status_code == 200, r.text
     assert r.json()[0]["generated_text"] == LORA["greedy_text"][1]
+    assert r.headers["x-adapter-id"] == str(ADAPTER)  # LoRAX's response headers
+    assert r.headers["x-adapter-source"] == "local"
     r = generate(lurl, PROMPTS[2], path="/generate_stream", adapter_id=str(ADAPTER))
     assert r.status_code == 200, r.text
     text = r.content.decode("utf-8")  # SSE: no charset in the content type
     events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
     assert events[-1]["generated_text"] == LORA["greedy_text"][2]
     assert "".join(e["token"]["text"] for e in events) == LORA["greedy_text"][2]
+    assert r.headers["x-adapter-id"] == str(ADAPTER)
+    base = generate(lurl, PROMPTS[0], max_new_tokens=1)
+    assert "x-adapter-id" not in base.headers
 
 
 def test_openai_model_is_the_adapter(lurl):
@@ -156,8 +161,10 @@ def test_preloaded_adapter(lurl):
 
 
 def test_hub_source_offline_cache(lurl):
-    assert greedy_text(lurl, PROMPTS[0], adapter_id="org/e1-hub",
-                       adapter_source="hub") == LORA["greedy_text"][0]
+    r = generate(lurl, PROMPTS[0], adapter_id="org/e1-hub", adapter_source="hub")
+    assert r.status_code == 200, r.text
+    assert r.json()["generated_text"] == LORA["greedy_text"][0]
+    assert r.headers["x-adapter-id"] == "org/e1-hub" and r.headers["x-adapter-source"] == "hub"
     # OpenAI: an ORG/NAME id that is no local folder is looked up in the hub cache.
     r = requests.post(lurl + "/v1/completions", json={
         "model": "org/e1-hub", "prompt": PROMPTS[1], "max_tokens": N, "temperature": 0},
