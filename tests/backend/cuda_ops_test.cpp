@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -294,6 +295,20 @@ std::vector<AttnCase> attention_cases() {
       {"alibi_mha32_d64_chunked_bs32", 32, 32, 64, 32, {{64, 700}, {1, 1500}, {100, 100}}, true});
   cases.push_back({"alibi_gqa8x2_d128_decode_ctx4097", 8, 2, 128, 16, {{1, 4097}, {5, 600}}, true});
   cases.push_back({"alibi_mha6_d32_generic", 6, 6, 32, 16, {{20, 50}, {1, 600}}, true});
+  // v3's paths: 128-row tiles (rows not a multiple of 128), unmasked tiles inside
+  // the causal range, tile ends on the causal diagonal (group 8: 16 tokens a
+  // tile, key tiles of 64), partly empty tiles (a warp with no rows), split-KV
+  // with 128-row tiles (71-row decode), ALiBi with 128-row tiles.
+  cases.push_back({"mqa71_d64_prefill_300_chunk", 71, 1, 64, 16, {{300, 300}, {100, 612}}});
+  cases.push_back({"gqa8x1_d64_diagonal_bs32", 8, 1, 64, 32, {{128, 128}, {64, 192}, {9, 73}}});
+  cases.push_back({"gqa64x8_d64_prefill_odd_bs24", 64, 8, 64, 24, {{200, 200}, {17, 517}}});
+  std::vector<std::pair<int32_t, int32_t>> b64_mqa;
+  for (int i = 0; i < 64; ++i) b64_mqa.push_back({1, 1 + static_cast<int32_t>(rng()() % 4000)});
+  cases.push_back({"mqa71_d64_decode_b64", 71, 1, 64, 16, b64_mqa});
+  cases.push_back({"mqa71_d64_spec_q3_ctx2049", 71, 1, 64, 32, {{3, 2049}, {2, 70}}});
+  cases.push_back(
+      {"alibi_gqa16x2_d64_prefill_bs32", 16, 2, 64, 32, {{150, 150}, {40, 300}, {1, 900}}, true});
+  cases.push_back({"gqa32x4_d128_prefill_diagonal", 32, 4, 128, 16, {{72, 72}, {8, 136}}});
   return cases;
 }
 
@@ -352,16 +367,23 @@ void run_attention_case(const AttnCase& c) {
   const Tensor g_lens = ops::to_device(t_lens, Device::kCuda);
 #ifdef KESTREL_CUDA
   const bool mma_ok = d == 64 || d == 128;
+  // kernel 1: v1, 2: the tensor-core kernel (v3; v2 and v3 with one K buffer through
+  // KESTREL_ATTN_MMA=2 / 4), 0: auto.
   for (int kernel : {1, 2, 0}) {
     if (kernel == 2 && !mma_ok) continue;
     cuda::set_attention_kernel(kernel);
-    for (int32_t mq : {max_q, 0}) {
-      Tensor out = poisoned_gpu(q.shape());
-      ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
-      EXPECT_LE(gpu_error(out, ref), kAttentionBound)
-          << c.name << " kernel " << kernel << " max_q_len " << mq;
+    for (const char* mma : {"3", "2", "4"}) {
+      if (kernel != 2 && mma[0] != '3') continue;
+      setenv("KESTREL_ATTN_MMA", mma, 1);
+      for (int32_t mq : {max_q, 0}) {
+        Tensor out = poisoned_gpu(q.shape());
+        ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
+        EXPECT_LE(gpu_error(out, ref), kAttentionBound)
+            << c.name << " kernel " << kernel << " mma v" << mma << " max_q_len " << mq;
+      }
     }
   }
+  unsetenv("KESTREL_ATTN_MMA");
   cuda::set_attention_kernel(0);
 #endif
 }
@@ -375,6 +397,73 @@ TEST_P(CudaAttention, MatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Timing of the tensor-core attention kernels, v2 (KESTREL_ATTN_MMA=2), v3 with one
+// K buffer (=4) and v3,
+// at falcon-7b shapes (MQA 71/1, head_dim 64, block 16) and one head_dim 128 GQA
+// shape (printed; run with --gtest_also_run_disabled_tests). Causal FLOPs: 4 d per
+// (row, key) pair within the causal range.
+TEST(CudaAttention, DISABLED_TimingFalcon7b) {
+  REQUIRE_GPU();
+  struct Shape3 {
+    const char* name;
+    int64_t n_heads, n_kv_heads, head_dim, batch;
+    int32_t q_len, kv_len;
+  };
+  const std::vector<Shape3> shapes{{"prefill 1x2048", 71, 1, 64, 1, 2048, 2048},
+                                   {"prefill 8x512", 71, 1, 64, 8, 512, 512},
+                                   {"decode b1 ctx 256", 71, 1, 64, 1, 1, 256},
+                                   {"decode b32 ctx 256", 71, 1, 64, 32, 1, 256},
+                                   {"decode b128 ctx 256", 71, 1, 64, 128, 1, 256},
+                                   {"gqa32x8 d128 prefill 1x2048", 32, 8, 128, 1, 2048, 2048}};
+  const int64_t bs = 16;
+  for (const Shape3& c : shapes) {
+    const int64_t blocks_per_seq = (c.kv_len + bs - 1) / bs;
+    const int64_t num_blocks = c.batch * blocks_per_seq, n_tokens = c.batch * c.q_len;
+    std::vector<int32_t> tables(num_blocks), cu{0}, lens;
+    std::iota(tables.begin(), tables.end(), 0);
+    double flops = 0;
+    for (int64_t b = 0; b < c.batch; ++b) {
+      cu.push_back(cu.back() + c.q_len);
+      lens.push_back(c.kv_len);
+      for (int32_t j = 0; j < c.q_len; ++j)
+        flops += 4.0 * c.head_dim * c.n_heads * (c.kv_len - c.q_len + j + 1);
+    }
+    const Tensor q = to_gpu_bf16(random_host({n_tokens, c.n_heads, c.head_dim}));
+    const Tensor kc = to_gpu_bf16(random_host({num_blocks, bs, c.n_kv_heads, c.head_dim}));
+    const Tensor vc = to_gpu_bf16(random_host({num_blocks, bs, c.n_kv_heads, c.head_dim}));
+    const Tensor g_tables =
+        ops::to_device(host_i32(tables, {c.batch, blocks_per_seq}), Device::kCuda);
+    const Tensor g_cu = ops::to_device(host_i32(cu, {c.batch + 1}), Device::kCuda);
+    const Tensor g_lens = ops::to_device(host_i32(lens, {c.batch}), Device::kCuda);
+    Tensor out = poisoned_gpu({n_tokens, c.n_heads, c.head_dim});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const char* versions[3] = {"2", "4", "3"};
+    double ms[3] = {0, 0, 0};
+    for (int v = 0; v < 3; ++v) {
+      setenv("KESTREL_ATTN_MMA", versions[v], 1);
+      auto run = [&] {
+        ops::paged_attention(q, kc, vc, g_tables, g_cu, g_lens, c.kv_len, scale, out, c.q_len,
+                             Tensor());
+      };
+      for (int w = 0; w < 3; ++w) run();
+      ops::synchronize(Device::kCuda);
+      const int iters = 20;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int it = 0; it < iters; ++it) run();
+      ops::synchronize(Device::kCuda);
+      ms[v] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
+          iters;
+    }
+    unsetenv("KESTREL_ATTN_MMA");
+    std::printf(
+        "attention %s: v2 %.1f us (%.0f TFLOP/s), v3 one K buffer %.1f us (%.0f), v3 %.1f us "
+        "(%.0f), v2 / v3 %.2fx\n",
+        c.name, ms[0] * 1e3, flops / ms[0] / 1e9, ms[1] * 1e3, flops / ms[1] / 1e9, ms[2] * 1e3,
+        flops / ms[2] / 1e9, ms[0] / ms[2]);
+  }
+}
 
 TEST(CudaOps, KvWrite) {
   REQUIRE_GPU();

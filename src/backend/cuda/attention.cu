@@ -15,6 +15,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/kernels.h"
 
@@ -382,6 +383,334 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+// ---------------------------------------------------------------------------
+// v3: v2's structure with MF m16 fragments per warp, so kBlockM = 64 * MF rows
+// and each K / V fragment read from shared memory feeds MF mma (MF = 2: 128-row
+// tiles, 32 rows a warp). Only tiles that cross a row's causal end or the split
+// end are masked; the scale is folded into the exponent's FMA (scores and
+// maxima stay unscaled); a K/V tile's slots are computed once for K and V,
+// from block-table entries read one tile ahead (shift / mask for power-of-two
+// block sizes); tiles are issued last first (the heavy ones), and a warp whose
+// rows are all past the problem skips the math (decode: 71 rows in a 128-row
+// tile).
+constexpr int kV3Threads = 128, kV3BlockN = 64;
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int D, int MF, bool kAlibi, bool kDoubleK>
+__global__ void __launch_bounds__(kV3Threads)
+    attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
+  constexpr int kM = 64 * MF, kN = kV3BlockN;
+  constexpr int kStride = D + 8;                   // bf16 per smem row: 16 bytes of padding
+  constexpr int kCpr = D / 8;                      // 16-byte chunks per row
+  constexpr int kRowsPerPass = kV3Threads / kCpr;  // K/V rows one pass of the block loads
+  constexpr int kLoads = kN / kRowsPerPass;        // K/V chunks per thread per tile
+  constexpr bool kQRegs = D * MF <= 128;           // else Q fragments are re-read from smem
+  extern __shared__ __align__(16) uint16_t smem[];
+  uint16_t* s_q = smem;
+  uint16_t* s_k0 = s_q + kM * kStride;  // kDoubleK: K tiles alternate over two buffers
+  uint16_t* s_v = s_k0 + (kDoubleK ? 2 : 1) * kN * kStride;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n_kv_heads = static_cast<int>(p.n_kv_heads);
+  const int b = blockIdx.y / n_kv_heads, g = blockIdx.y % n_kv_heads;
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int q_begin = p.cu_q[b], q_len = p.cu_q[b + 1] - q_begin;
+  const int m_rows = q_len * group;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kM;
+  if (row0 >= m_rows) return;
+  const int64_t cap = p.max_blocks * p.block_size;
+  const int kv_len = static_cast<int>(min(static_cast<int64_t>(p.kv_lens[b]), cap));
+  const int32_t* table = p.block_tables + b * p.max_blocks;
+  const int split = blockIdx.z;
+
+  // This block's keys: its split of the context, up to the last row's causal end;
+  // keys below k_free are inside every row's range (no mask).
+  const int last_row = min(row0 + kM, m_rows) - 1;
+  const int ctx_max = kv_len - q_len + last_row / group + 1;
+  const int chunk = ((kv_len + n_splits - 1) / n_splits + kN - 1) / kN * kN;
+  const int k_begin = split * chunk;
+  const int k_end = min(min(kv_len, k_begin + chunk), ctx_max);
+  const int k_free = min(k_end, kv_len - q_len + row0 / group + 1);
+
+  for (int c = tid; c < kM * kCpr; c += kV3Threads) {
+    const int r = c / kCpr, col = (c % kCpr) * 8;
+    const int row = row0 + r;
+    const bool ok = row < m_rows;
+    const int tok = q_begin + (ok ? row / group : 0);
+    const int head = g * group + (ok ? row % group : 0);
+    cp_async16(s_q + r * kStride + col,
+               p.q + (static_cast<int64_t>(tok) * p.n_heads + head) * D + col, ok ? 16 : 0);
+  }
+
+  // This thread's K/V chunks: rows ld_row + i * kRowsPerPass of a tile, column ld_col.
+  const int bs = static_cast<int>(p.block_size);
+  const bool pow2 = (bs & (bs - 1)) == 0;
+  const int shift = __ffs(bs) - 1;
+  const int num_blocks = static_cast<int>(min(p.num_blocks, static_cast<int64_t>(INT32_MAX)));
+  const int ld_row = tid / kCpr, ld_col = (tid % kCpr) * 8;
+  int slot[kLoads];  // cache slot of each chunk's key, -1: zeros
+  auto table_at = [&](int pos) -> int {
+    return pos < k_end ? __ldg(table + (pow2 ? pos >> shift : pos / bs)) : -1;
+  };
+  auto set_slots = [&](const int(&blk)[kLoads], int n0) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int pos = n0 + ld_row + i * kRowsPerPass;
+      const bool ok = blk[i] >= 0 && blk[i] < num_blocks;
+      slot[i] = ok ? blk[i] * bs + (pow2 ? pos & (bs - 1) : pos % bs) : -1;
+    }
+  };
+  auto load_tile = [&](uint16_t* dst, const uint16_t* cache) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int64_t s = slot[i] < 0 ? 0 : slot[i];
+      cp_async16(dst + (ld_row + i * kRowsPerPass) * kStride + ld_col,
+                 cache + (s * n_kv_heads + g) * D + ld_col, slot[i] < 0 ? 0 : 16);
+    }
+  };
+  int blk_next[kLoads];
+  if (k_begin < k_end) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) blk_next[i] = table_at(k_begin + ld_row + i * kRowsPerPass);
+    set_slots(blk_next, k_begin);
+    load_tile(s_k0, p.k_cache);
+  }
+  cp_async_commit();
+  if (kDoubleK) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i)
+      blk_next[i] = table_at(k_begin + kN + ld_row + i * kRowsPerPass);
+  }
+
+  // Each thread's rows: lane / 4 and lane / 4 + 8 of each of its warp's MF fragments.
+  const int warp_row0 = row0 + warp * 16 * MF;
+  const bool warp_active = warp_row0 < m_rows;
+  int lim[MF][2];  // keys below lim: inside the row's causal range and the split
+  float slope[MF][2];
+  const float* slopes = p.alibi_slopes;
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = warp_row0 + mf * 16 + lane / 4 + i * 8;
+      lim[mf][i] = row < m_rows ? min(kv_len - q_len + row / group + 1, k_end) : 0;
+      slope[mf][i] = kAlibi && row < m_rows ? round_bf16(slopes[g * group + row % group]) : 0.0f;
+    }
+  }
+  float o_acc[MF][D / 8][4];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      o_acc[mf][i][0] = o_acc[mf][i][1] = o_acc[mf][i][2] = o_acc[mf][i][3] = 0.0f;
+  float m_i[MF][2], l_i[MF][2];  // m_i: running max of the unscaled scores
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) m_i[mf][0] = m_i[mf][1] = -INFINITY, l_i[mf][0] = l_i[mf][1] = 0;
+  const float scale_log2 = p.scale * kLog2e;
+  uint32_t q_frag[kQRegs ? MF : 1][kQRegs ? D / 16 : 1][4];
+  auto q_addr = [&](int mf, int kc) {
+    const int r = warp * 16 * MF + mf * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+    return s_q + r * kStride + kc * 16 + (lane / 16) * 8;
+  };
+
+  for (int n0 = k_begin; n0 < k_end; n0 += kN) {
+    cp_async_wait_all();
+    __syncthreads();  // K tile (and Q) visible; every warp is done with the previous V
+    if (kQRegs && n0 == k_begin) {
+#pragma unroll
+      for (int mf = 0; mf < (kQRegs ? MF : 0); ++mf)
+#pragma unroll
+        for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(q_frag[mf][kc], q_addr(mf, kc));
+    }
+    const int tile = (n0 - k_begin) / kN;
+    uint16_t* s_k = s_k0 + (kDoubleK ? (tile & 1) * kN * kStride : 0);
+    load_tile(s_v, p.v_cache);
+    cp_async_commit();
+    if constexpr (kDoubleK) {  // the next K tile, into the buffer that K(n - 1) left
+      if (n0 + kN < k_end) {
+        set_slots(blk_next, n0 + kN);
+        load_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, p.k_cache);
+      }
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i)
+      blk_next[i] = table_at(n0 + (kDoubleK ? 2 : 1) * kN + ld_row + i * kRowsPerPass);
+
+    float s[MF][kN / 8][4];
+    if (warp_active) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int i = 0; i < kN / 8; ++i) s[mf][i][0] = s[mf][i][1] = s[mf][i][2] = s[mf][i][3] = 0;
+          // S = Q K^T: MF x 16 rows x 64 keys (8 n-tiles of 8 keys).
+#pragma unroll
+      for (int kc = 0; kc < D / 16; ++kc) {
+        uint32_t qa[MF][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          if constexpr (kQRegs) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) qa[mf][j] = q_frag[mf][kc][j];
+          } else {
+            ldmatrix_x4(qa[mf], q_addr(mf, kc));
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kN / 16; ++np) {
+          uint32_t kb[4];
+          const int key = np * 16 + (lane % 8) + (lane / 16) * 8;
+          const int col = kc * 16 + ((lane / 8) % 2) * 8;
+          ldmatrix_x4(kb, s_k + key * kStride + col);
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            mma_bf16(s[mf][2 * np], qa[mf], kb[0], kb[1]);
+            mma_bf16(s[mf][2 * np + 1], qa[mf], kb[2], kb[3]);
+          }
+        }
+      }
+      if constexpr (kAlibi) {
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+          for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              s[mf][nt][e] += alibi_bias(slope[mf][e / 2], n0 + nt * 8 + (lane % 4) * 2 + (e % 2));
+      }
+      if (n0 + kN > k_free) {  // a tile on a causal end or the split end
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+          for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int key = n0 + nt * 8 + (lane % 4) * 2 + (e % 2);
+              if (key >= lim[mf][e / 2]) s[mf][nt][e] = -INFINITY;
+            }
+      }
+      // Online softmax in the log2 domain: p = 2^(s * scale_log2 - m * scale_log2).
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        float mx[2] = {m_i[mf][0], m_i[mf][1]};
+#pragma unroll
+        for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[mf][nt][e]);
+        float alpha[2], neg_m[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+          neg_m[i] = mx[i] == -INFINITY ? 0.0f : -mx[i] * scale_log2;
+          alpha[i] = ex2(fmaf(m_i[mf][i], scale_log2, neg_m[i]));
+          m_i[mf][i] = mx[i];
+          l_i[mf][i] *= alpha[i];
+        }
+#pragma unroll
+        for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mf][nt][e] = ex2(fmaf(s[mf][nt][e], scale_log2, neg_m[e / 2]));
+            l_i[mf][e / 2] += s[mf][nt][e];
+          }
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          o_acc[mf][dt][0] *= alpha[0];
+          o_acc[mf][dt][1] *= alpha[0];
+          o_acc[mf][dt][2] *= alpha[1];
+          o_acc[mf][dt][3] *= alpha[1];
+        }
+      }
+    }
+
+    if constexpr (kDoubleK) {
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // V(n); K(n + 1) may fly on
+      __syncthreads();
+    } else {
+      cp_async_wait_all();
+      __syncthreads();  // V tile visible; every warp is done with K
+      if (n0 + kN < k_end) {
+        set_slots(blk_next, n0 + kN);
+        load_tile(s_k, p.k_cache);
+      }
+      cp_async_commit();
+    }
+
+    if (warp_active) {
+      // O += P V: P's accumulator layout is the A operand of the next mma.
+#pragma unroll
+      for (int kc = 0; kc < kN / 16; ++kc) {
+        uint32_t a[MF][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          a[mf][0] = pack_bf16(s[mf][2 * kc][0], s[mf][2 * kc][1]);
+          a[mf][1] = pack_bf16(s[mf][2 * kc][2], s[mf][2 * kc][3]);
+          a[mf][2] = pack_bf16(s[mf][2 * kc + 1][0], s[mf][2 * kc + 1][1]);
+          a[mf][3] = pack_bf16(s[mf][2 * kc + 1][2], s[mf][2 * kc + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t vb[4];
+          const int key = kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+          const int col = dp * 16 + (lane / 16) * 8;
+          ldmatrix_x4_trans(vb, s_v + key * kStride + col);
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            mma_bf16(o_acc[mf][2 * dp], a[mf], vb[0], vb[1]);
+            mma_bf16(o_acc[mf][2 * dp + 1], a[mf], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait_all();
+  if (!warp_active) return;
+
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_i[mf][i] += __shfl_xor_sync(0xffffffffu, l_i[mf][i], 1);
+      l_i[mf][i] += __shfl_xor_sync(0xffffffffu, l_i[mf][i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = warp_row0 + mf * 16 + lane / 4 + i * 8;
+      if (row >= m_rows) continue;
+      const int64_t tok = q_begin + row / group;
+      const int64_t head = g * group + row % group;
+      const float inv = l_i[mf][i] > 0.0f ? 1.0f / l_i[mf][i] : 0.0f;
+      if (n_splits == 1) {
+        uint16_t* op = p.out + (tok * p.n_heads + head) * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const int col = dt * 8 + (lane % 4) * 2;
+          *reinterpret_cast<uint32_t*>(op + col) =
+              pack_bf16(o_acc[mf][dt][2 * i] * inv, o_acc[mf][dt][2 * i + 1] * inv);
+        }
+      } else {
+        const int64_t idx = (static_cast<int64_t>(split) * p.n_tokens + tok) * p.n_heads + head;
+        float* op = o_part + idx * D;
+#pragma unroll
+        for (int dt = 0; dt < D / 8; ++dt) {
+          const int col = dt * 8 + (lane % 4) * 2;
+          *reinterpret_cast<float2*>(op + col) =
+              make_float2(o_acc[mf][dt][2 * i] * inv, o_acc[mf][dt][2 * i + 1] * inv);
+        }
+        if (lane % 4 == 0)
+          lse_part[idx] =
+              l_i[mf][i] > 0.0f ? m_i[mf][i] * scale_log2 + log2f(l_i[mf][i]) : -INFINITY;
+      }
+    }
+  }
+}
+
 // Merges the splits of each (token, head): every split wrote its partial
 // (an empty one: zeros with lse -inf). grid (T * n_heads), block D threads.
 __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const float* o_part,
@@ -403,6 +732,25 @@ __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const 
   }
 }
 
+// Which tensor-core kernel: 2 = v2 (64-row tiles), 4 = v3 with one K buffer,
+// 3 = v3 (the default: K double-buffered); read from KESTREL_ATTN_MMA at every
+// call, so tests and benches can compare them.
+int mma_version() {
+  const char* env = std::getenv("KESTREL_ATTN_MMA");
+  const int v = env ? std::atoi(env) : 3;
+  return v == 2 || v == 4 ? v : 3;
+}
+
+// Rows of a tile: v3 takes 128-row tiles (MF = 2) for head_dim 64 when a
+// (sequence, K/V head) problem has more than 64 rows, else 64 (decode with
+// groups up to 64; head_dim 128, where MF = 2 spills: 255 registers and 132
+// bytes of spill stores under ptxas, against 238 and none with MF = 1).
+int tile_rows(const AttentionParams& p, int version) {
+  const int64_t group = p.n_heads / p.n_kv_heads;
+  return version != 2 && p.head_dim == 64 && static_cast<int64_t>(p.max_q_len) * group > 64 ? 128
+                                                                                            : 64;
+}
+
 template <int D>
 void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
                 cudaStream_t s) {
@@ -420,13 +768,55 @@ void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* ls
   attention_mma_kernel<D><<<grid, kMmaThreads, smem, s>>>(p, n_splits, o_part, lse_part);
 }
 
+template <int D, int MF, bool kAlibi, bool kDoubleK>
+void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
+               cudaStream_t s) {
+  constexpr int kM = 64 * MF;
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kM - 1) / kM;
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.n_seqs * p.n_kv_heads),
+                  static_cast<unsigned>(n_splits));
+  const size_t smem =
+      static_cast<size_t>(kM + (kDoubleK ? 3 : 2) * kV3BlockN) * (D + 8) * sizeof(uint16_t);
+  static bool configured = false;  // one stream, one thread drives the device
+  if (!configured) {
+    cudaFuncSetAttribute(attention_v3_kernel<D, MF, kAlibi, kDoubleK>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    configured = true;
+  }
+  attention_v3_kernel<D, MF, kAlibi, kDoubleK>
+      <<<grid, kV3Threads, smem, s>>>(p, n_splits, o_part, lse_part);
+}
+
+template <int D, int MF>
+void launch_v3_variant(const AttentionParams& p, int version, int n_splits, float* o_part,
+                       float* lse_part, cudaStream_t s) {
+  const bool alibi = p.alibi_slopes != nullptr, double_k = version == 3;
+  if (alibi) {
+    double_k ? launch_v3<D, MF, true, true>(p, n_splits, o_part, lse_part, s)
+             : launch_v3<D, MF, true, false>(p, n_splits, o_part, lse_part, s);
+  } else {
+    double_k ? launch_v3<D, MF, false, true>(p, n_splits, o_part, lse_part, s)
+             : launch_v3<D, MF, false, false>(p, n_splits, o_part, lse_part, s);
+  }
+}
+
+template <int D>
+void launch_v3_rows(const AttentionParams& p, int version, int rows, int n_splits, float* o_part,
+                    float* lse_part, cudaStream_t s) {
+  if constexpr (D == 64) {
+    if (rows == 128) return launch_v3_variant<D, 2>(p, version, n_splits, o_part, lse_part, s);
+  }
+  launch_v3_variant<D, 1>(p, version, n_splits, o_part, lse_part, s);
+}
+
 // Splits over the context when the (tile, sequence, K/V head) grid would leave
 // most multiprocessors idle; down to one key tile a split (a block's key
 // loop is latency-bound: on the H200, a decode step's 2-tile blocks took
 // 12 us, 1-tile ones 7 us).
-int choose_splits(const AttentionParams& p, int n_sms) {
+int choose_splits(const AttentionParams& p, int rows, int n_sms) {
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
-  const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kBlockM - 1) / kBlockM;
+  const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + rows - 1) / rows;
   const int64_t base = m_tiles * p.n_seqs * p.n_kv_heads;
   if (base >= n_sms || p.n_tokens > 512) return 1;
   int64_t splits = (2 * n_sms + base - 1) / base;
@@ -449,22 +839,26 @@ bool attention_mma_supported(const AttentionParams& p) {
 }
 
 size_t attention_workspace_bytes(const AttentionParams& p, int n_sms) {
-  const int splits = choose_splits(p, n_sms);
+  const int splits = choose_splits(p, tile_rows(p, mma_version()), n_sms);
   if (splits <= 1) return 0;
   return static_cast<size_t>(splits) * p.n_tokens * p.n_heads * (p.head_dim + 1) * sizeof(float);
 }
 
 void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s) {
   if (p.n_tokens == 0) return;
-  const int splits = workspace ? choose_splits(p, n_sms) : 1;
+  const int version = mma_version();
+  const int rows = tile_rows(p, version);
+  const int splits = workspace ? choose_splits(p, rows, n_sms) : 1;
   float* o_part = static_cast<float*>(workspace);
   float* lse_part =
       splits > 1 ? o_part + static_cast<int64_t>(splits) * p.n_tokens * p.n_heads * p.head_dim
                  : nullptr;
-  if (p.head_dim == 64) {
-    launch_mma<64>(p, splits, o_part, lse_part, s);
+  if (version == 2) {
+    p.head_dim == 64 ? launch_mma<64>(p, splits, o_part, lse_part, s)
+                     : launch_mma<128>(p, splits, o_part, lse_part, s);
   } else {
-    launch_mma<128>(p, splits, o_part, lse_part, s);
+    p.head_dim == 64 ? launch_v3_rows<64>(p, version, rows, splits, o_part, lse_part, s)
+                     : launch_v3_rows<128>(p, version, rows, splits, o_part, lse_part, s);
   }
   if (splits > 1) {
     attention_combine_kernel<<<static_cast<unsigned>(p.n_tokens * p.n_heads),
