@@ -367,12 +367,12 @@ void run_attention_case(const AttnCase& c) {
   const Tensor g_lens = ops::to_device(t_lens, Device::kCuda);
 #ifdef KESTREL_CUDA
   const bool mma_ok = d == 64 || d == 128;
-  // kernel 1: v1, 2: the tensor-core kernel (v3; v2 and v3 with one K buffer through
-  // KESTREL_ATTN_MMA=2 / 4), 0: auto.
+  // kernel 1: v1, 2: the tensor-core kernel (v3; v2, v3 with one K buffer and v3 with
+  // 8 warps of 16 rows through KESTREL_ATTN_MMA=2 / 4 / 5), 0: auto.
   for (int kernel : {1, 2, 0}) {
     if (kernel == 2 && !mma_ok) continue;
     cuda::set_attention_kernel(kernel);
-    for (const char* mma : {"3", "2", "4"}) {
+    for (const char* mma : {"3", "2", "4", "5"}) {
       if (kernel != 2 && mma[0] != '3') continue;
       setenv("KESTREL_ATTN_MMA", mma, 1);
       for (int32_t mq : {max_q, 0}) {
@@ -399,7 +399,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cas
                          [](const auto& info) { return info.param.name; });
 
 // Timing of the tensor-core attention kernels, v2 (KESTREL_ATTN_MMA=2), v3 with one
-// K buffer (=4) and v3,
+// K buffer (=4), v3 with 8 warps of 16 rows (=5) and v3,
 // at falcon-7b shapes (MQA 71/1, head_dim 64, block 16) and one head_dim 128 GQA
 // shape (printed; run with --gtest_also_run_disabled_tests). Causal FLOPs: 4 d per
 // (row, key) pair within the causal range.
@@ -438,9 +438,9 @@ TEST(CudaAttention, DISABLED_TimingFalcon7b) {
     const Tensor g_lens = ops::to_device(host_i32(lens, {c.batch}), Device::kCuda);
     Tensor out = poisoned_gpu({n_tokens, c.n_heads, c.head_dim});
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const char* versions[3] = {"2", "4", "3"};
-    double ms[3] = {0, 0, 0};
-    for (int v = 0; v < 3; ++v) {
+    const char* versions[4] = {"2", "4", "5", "3"};
+    double ms[4] = {0, 0, 0, 0};
+    for (int v = 0; v < 4; ++v) {
       setenv("KESTREL_ATTN_MMA", versions[v], 1);
       auto run = [&] {
         ops::paged_attention(q, kc, vc, g_tables, g_cu, g_lens, c.kv_len, scale, out, c.q_len,
@@ -458,10 +458,10 @@ TEST(CudaAttention, DISABLED_TimingFalcon7b) {
     }
     unsetenv("KESTREL_ATTN_MMA");
     std::printf(
-        "attention %s: v2 %.1f us (%.0f TFLOP/s), v3 one K buffer %.1f us (%.0f), v3 %.1f us "
-        "(%.0f), v2 / v3 %.2fx\n",
+        "attention %s: v2 %.1f us (%.0f TFLOP/s), v3 one K buffer %.1f us (%.0f), v3 8x16 rows "
+        "%.1f us (%.0f), v3 %.1f us (%.0f), v2 / v3 %.2fx\n",
         c.name, ms[0] * 1e3, flops / ms[0] / 1e9, ms[1] * 1e3, flops / ms[1] / 1e9, ms[2] * 1e3,
-        flops / ms[2] / 1e9, ms[0] / ms[2]);
+        flops / ms[2] / 1e9, ms[3] * 1e3, flops / ms[3] / 1e9, ms[0] / ms[3]);
   }
 }
 

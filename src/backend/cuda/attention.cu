@@ -384,16 +384,16 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // ---------------------------------------------------------------------------
-// v3: v2's structure with MF m16 fragments per warp, so kBlockM = 64 * MF rows
-// and each K / V fragment read from shared memory feeds MF mma (MF = 2: 128-row
-// tiles, 32 rows a warp). Only tiles that cross a row's causal end or the split
-// end are masked; the scale is folded into the exponent's FMA (scores and
+// v3: v2's structure with NW warps of MF m16 fragments, kBlockM = 16 * MF * NW
+// rows; each K / V fragment read from shared memory feeds MF mma (the default
+// for head_dim 64: NW = 4, MF = 2, 128-row tiles, 32 rows a warp). Only tiles that cross a row's
+// causal end or the split end are masked; the scale is folded into the exponent's FMA (scores and
 // maxima stay unscaled); a K/V tile's slots are computed once for K and V,
 // from block-table entries read one tile ahead (shift / mask for power-of-two
 // block sizes); tiles are issued last first (the heavy ones), and a warp whose
 // rows are all past the problem skips the math (decode: 71 rows in a 128-row
 // tile).
-constexpr int kV3Threads = 128, kV3BlockN = 64;
+constexpr int kV3BlockN = 64;
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -401,10 +401,10 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-template <int D, int MF, bool kAlibi, bool kDoubleK>
-__global__ void __launch_bounds__(kV3Threads)
+template <int D, int MF, int NW, bool kAlibi, bool kDoubleK>
+__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
     attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
-  constexpr int kM = 64 * MF, kN = kV3BlockN;
+  constexpr int kV3Threads = NW * 32, kM = 16 * MF * NW, kN = kV3BlockN;
   constexpr int kStride = D + 8;                   // bf16 per smem row: 16 bytes of padding
   constexpr int kCpr = D / 8;                      // 16-byte chunks per row
   constexpr int kRowsPerPass = kV3Threads / kCpr;  // K/V rows one pass of the block loads
@@ -595,36 +595,43 @@ __global__ void __launch_bounds__(kV3Threads)
             }
       }
       // Online softmax in the log2 domain: p = 2^(s * scale_log2 - m * scale_log2).
+      // Maxima and sums over two interleaved chains (shorter dependences); the
+      // accumulators are rescaled only when some row of the warp has a new maximum.
 #pragma unroll
       for (int mf = 0; mf < MF; ++mf) {
-        float mx[2] = {m_i[mf][0], m_i[mf][1]};
+        float mx[2][2] = {{m_i[mf][0], m_i[mf][1]}, {-INFINITY, -INFINITY}};
 #pragma unroll
         for (int nt = 0; nt < kN / 8; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[mf][nt][e]);
+          for (int e = 0; e < 4; ++e) mx[nt % 2][e / 2] = fmaxf(mx[nt % 2][e / 2], s[mf][nt][e]);
         float alpha[2], neg_m[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-          neg_m[i] = mx[i] == -INFINITY ? 0.0f : -mx[i] * scale_log2;
-          alpha[i] = ex2(fmaf(m_i[mf][i], scale_log2, neg_m[i]));
-          m_i[mf][i] = mx[i];
-          l_i[mf][i] *= alpha[i];
+          float m = fmaxf(mx[0][i], mx[1][i]);
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+          neg_m[i] = m == -INFINITY ? 0.0f : -m * scale_log2;
+          alpha[i] = m == m_i[mf][i] ? 1.0f : ex2(fmaf(m_i[mf][i], scale_log2, neg_m[i]));
+          m_i[mf][i] = m;
         }
+        float sum[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
         for (int nt = 0; nt < kN / 8; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             s[mf][nt][e] = ex2(fmaf(s[mf][nt][e], scale_log2, neg_m[e / 2]));
-            l_i[mf][e / 2] += s[mf][nt][e];
+            sum[nt % 2][e / 2] += s[mf][nt][e];
           }
 #pragma unroll
-        for (int dt = 0; dt < D / 8; ++dt) {
-          o_acc[mf][dt][0] *= alpha[0];
-          o_acc[mf][dt][1] *= alpha[0];
-          o_acc[mf][dt][2] *= alpha[1];
-          o_acc[mf][dt][3] *= alpha[1];
+        for (int i = 0; i < 2; ++i) l_i[mf][i] = fmaf(l_i[mf][i], alpha[i], sum[0][i] + sum[1][i]);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            o_acc[mf][dt][0] *= alpha[0];
+            o_acc[mf][dt][1] *= alpha[0];
+            o_acc[mf][dt][2] *= alpha[1];
+            o_acc[mf][dt][3] *= alpha[1];
+          }
         }
       }
     }
@@ -733,12 +740,13 @@ __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const 
 }
 
 // Which tensor-core kernel: 2 = v2 (64-row tiles), 4 = v3 with one K buffer,
-// 3 = v3 (the default: K double-buffered); read from KESTREL_ATTN_MMA at every
-// call, so tests and benches can compare them.
+// 5 = v3's 128-row tiles as 8 warps of 16 rows (<= 128 registers, 2 blocks an
+// SM), 3 = v3 (the default: 4 warps of 32 rows, K double-buffered); read from
+// KESTREL_ATTN_MMA at every call, so tests and benches can compare them.
 int mma_version() {
   const char* env = std::getenv("KESTREL_ATTN_MMA");
   const int v = env ? std::atoi(env) : 3;
-  return v == 2 || v == 4 ? v : 3;
+  return v == 2 || v == 4 || v == 5 ? v : 3;
 }
 
 // Rows of a tile: v3 takes 128-row tiles (MF = 2) for head_dim 64 when a
@@ -768,10 +776,10 @@ void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* ls
   attention_mma_kernel<D><<<grid, kMmaThreads, smem, s>>>(p, n_splits, o_part, lse_part);
 }
 
-template <int D, int MF, bool kAlibi, bool kDoubleK>
+template <int D, int MF, int NW, bool kAlibi, bool kDoubleK>
 void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
                cudaStream_t s) {
-  constexpr int kM = 64 * MF;
+  constexpr int kM = 16 * MF * NW;
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
   const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kM - 1) / kM;
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.n_seqs * p.n_kv_heads),
@@ -780,24 +788,24 @@ void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse
       static_cast<size_t>(kM + (kDoubleK ? 3 : 2) * kV3BlockN) * (D + 8) * sizeof(uint16_t);
   static bool configured = false;  // one stream, one thread drives the device
   if (!configured) {
-    cudaFuncSetAttribute(attention_v3_kernel<D, MF, kAlibi, kDoubleK>,
+    cudaFuncSetAttribute(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     configured = true;
   }
-  attention_v3_kernel<D, MF, kAlibi, kDoubleK>
-      <<<grid, kV3Threads, smem, s>>>(p, n_splits, o_part, lse_part);
+  attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK>
+      <<<grid, NW * 32, smem, s>>>(p, n_splits, o_part, lse_part);
 }
 
-template <int D, int MF>
+template <int D, int MF, int NW>
 void launch_v3_variant(const AttentionParams& p, int version, int n_splits, float* o_part,
                        float* lse_part, cudaStream_t s) {
-  const bool alibi = p.alibi_slopes != nullptr, double_k = version == 3;
+  const bool alibi = p.alibi_slopes != nullptr, double_k = version != 4;
   if (alibi) {
-    double_k ? launch_v3<D, MF, true, true>(p, n_splits, o_part, lse_part, s)
-             : launch_v3<D, MF, true, false>(p, n_splits, o_part, lse_part, s);
+    double_k ? launch_v3<D, MF, NW, true, true>(p, n_splits, o_part, lse_part, s)
+             : launch_v3<D, MF, NW, true, false>(p, n_splits, o_part, lse_part, s);
   } else {
-    double_k ? launch_v3<D, MF, false, true>(p, n_splits, o_part, lse_part, s)
-             : launch_v3<D, MF, false, false>(p, n_splits, o_part, lse_part, s);
+    double_k ? launch_v3<D, MF, NW, false, true>(p, n_splits, o_part, lse_part, s)
+             : launch_v3<D, MF, NW, false, false>(p, n_splits, o_part, lse_part, s);
   }
 }
 
@@ -805,9 +813,11 @@ template <int D>
 void launch_v3_rows(const AttentionParams& p, int version, int rows, int n_splits, float* o_part,
                     float* lse_part, cudaStream_t s) {
   if constexpr (D == 64) {
-    if (rows == 128) return launch_v3_variant<D, 2>(p, version, n_splits, o_part, lse_part, s);
+    if (rows == 128 && version == 5)
+      return launch_v3_variant<D, 1, 8>(p, version, n_splits, o_part, lse_part, s);
+    if (rows == 128) return launch_v3_variant<D, 2, 4>(p, version, n_splits, o_part, lse_part, s);
   }
-  launch_v3_variant<D, 1>(p, version, n_splits, o_part, lse_part, s);
+  launch_v3_variant<D, 1, 4>(p, version, n_splits, o_part, lse_part, s);
 }
 
 // Splits over the context when the (tile, sequence, K/V head) grid would leave
