@@ -741,8 +741,8 @@ __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const 
 
 // Which tensor-core kernel: 2 = v2 (64-row tiles), 4 = v3 with one K buffer,
 // 5 = v3's 128-row tiles as 8 warps of 16 rows (<= 128 registers, 2 blocks an
-// SM), 3 = v3 (the default: 4 warps of 32 rows, K double-buffered); read from
-// KESTREL_ATTN_MMA at every call, so tests and benches can compare them.
+// SM; without ALiBi, else as 3), 3 = v3 (the default: 4 warps of 32 rows, K double-buffered); read
+// from KESTREL_ATTN_MMA at every call, so tests and benches can compare them.
 int mma_version() {
   const char* env = std::getenv("KESTREL_ATTN_MMA");
   const int v = env ? std::atoi(env) : 3;
@@ -813,8 +813,10 @@ template <int D>
 void launch_v3_rows(const AttentionParams& p, int version, int rows, int n_splits, float* o_part,
                     float* lse_part, cudaStream_t s) {
   if constexpr (D == 64) {
-    if (rows == 128 && version == 5)
-      return launch_v3_variant<D, 1, 8>(p, version, n_splits, o_part, lse_part, s);
+    // 8 warps at <= 128 registers: only without ALiBi and with two K buffers,
+    // where ptxas spills nothing (one buffer: 44 bytes, ALiBi: 4).
+    if (rows == 128 && version == 5 && !p.alibi_slopes)
+      return launch_v3<D, 1, 8, false, true>(p, n_splits, o_part, lse_part, s);
     if (rows == 128) return launch_v3_variant<D, 2, 4>(p, version, n_splits, o_part, lse_part, s);
   }
   launch_v3_variant<D, 1, 4>(p, version, n_splits, o_part, lse_part, s);
