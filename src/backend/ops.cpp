@@ -223,7 +223,8 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
   KESTREL_DISPATCH(x, layer_norm, x, weight, bias, eps, out);
 }
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+            const LinearEpilogue& epilogue) {
   expect("linear", "x", x, act_dtype(x), 2);
   // On CUDA the output may also be F32 (the logits).
   if (x.device() == Device::kCuda && out.dtype() == DType::kF32) {
@@ -238,7 +239,18 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   KESTREL_CHECK(!bias.defined() || bias.numel() == weight.dim(0), "linear: bias ",
                 shape_str(bias.shape()), " for ", weight.dim(0), " outputs");
   same_device("linear", x, weight);
-  KESTREL_DISPATCH(x, linear, x, weight, bias, out);
+  KESTREL_CHECK(!epilogue.accumulate || out.raw() != x.raw(),
+                "linear: accumulate needs out apart from x");
+  if (epilogue.addend) {
+    KESTREL_CHECK(epilogue.accumulate, "linear: an addend needs accumulate");
+    KESTREL_CHECK(epilogue.addend->shape() == out.shape() &&
+                      epilogue.addend->dtype() == out.dtype() &&
+                      epilogue.addend->device() == out.device(),
+                  "linear: addend ", shape_str(epilogue.addend->shape()), " ",
+                  dtype_name(epilogue.addend->dtype()), " for out ", shape_str(out.shape()), " ",
+                  dtype_name(out.dtype()));
+  }
+  KESTREL_DISPATCH(x, linear, x, weight, bias, out, epilogue);
 }
 
 void gelu(Tensor& x) {

@@ -51,8 +51,20 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 // out = LayerNorm(x) * weight + bias over the last dim. x, out [T, hidden].
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
 
-// out = x @ weight^T (+ bias). x [T, in], weight [out, in], bias [out] or undefined.
-void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out);
+// What linear does with y = x @ weight^T (+ bias) before it lands in out.
+// gelu: y = gelu(y), exact (erf) form, as ops::gelu. accumulate: out += y (a residual
+// add, cuBLAS's beta = 1) instead of out = y; with addend (accumulate only; out's shape and
+// dtype): out += y + *addend, summed in fp32 and rounded once (parallel attention's
+// x += attn + mlp).
+struct LinearEpilogue {
+  bool gelu = false;
+  bool accumulate = false;
+  const Tensor* addend = nullptr;
+};
+
+// out = epilogue(x @ weight^T (+ bias)). x [T, in], weight [out, in], bias [out] or undefined.
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+            const LinearEpilogue& epilogue = {});
 
 // x = gelu(x), exact (erf) form. In place.
 void gelu(Tensor& x);

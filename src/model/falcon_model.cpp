@@ -313,33 +313,53 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
                          max_q_len, alibi_slopes_);
     const Tensor attn_flat = attn.view({n_tokens, c.n_heads * d});
-    ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
-    lora.add(l, LoraModule::kDense, attn_flat, attn_out);
-    if (c.parallel_attn) {
+    // GELU in fc1's epilogue unless an adapter's delta must land before it.
+    const bool fuse_gelu = lora.empty();
+    auto fc1_gelu = [&](const Tensor& mlp_in) {
+      ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn, {.gelu = fuse_gelu});
+      if (!fuse_gelu) {
+        lora.add(l, LoraModule::kFc1, mlp_in, ffn);
+        ops::gelu(ffn);
+      }
+    };
+    const ops::LinearEpilogue into_x{.accumulate = true};  // residual adds: x += linear(...)
+    if (c.parallel_attn && !tp_.comm) {
+      // x += attn_out + fc2(gelu(fc1(ln))) in fc2's epilogue, rounded once as the 3-way add was.
+      const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
+      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+      lora.add(l, LoraModule::kDense, attn_flat, attn_out);
+      if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
+      fc1_gelu(mlp_in);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, x, {.accumulate = true, .addend = &attn_out});
+      lora.add(l, LoraModule::kFc2, ffn, x);
+    } else if (c.parallel_attn) {  // row-parallel partial sums: ONE all-reduce for both
+      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+      lora.add(l, LoraModule::kDense, attn_flat, attn_out);
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
       if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
-      ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn);
-      lora.add(l, LoraModule::kFc1, mlp_in, ffn);
-      ops::gelu(ffn);
+      fc1_gelu(mlp_in);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
       lora.add(l, LoraModule::kFc2, ffn, mlp_out);
-      if (tp_.comm) {  // row-parallel partial sums: ONE all-reduce for attention + MLP
-        ops::add(attn_out, mlp_out, Tensor(), attn_out);
-        all_reduce(attn_out);
-        ops::add(x, attn_out, Tensor(), x);
-      } else {
-        ops::add(x, attn_out, mlp_out, x);
-      }
+      ops::add(attn_out, mlp_out, Tensor(), attn_out);
+      all_reduce(attn_out);
+      ops::add(x, attn_out, Tensor(), x);
+    } else if (!tp_.comm) {
+      ops::linear(attn_flat, w.dense_w, w.dense_b, x, into_x);
+      lora.add(l, LoraModule::kDense, attn_flat, x);
+      ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
+      fc1_gelu(ln_m);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, x, into_x);
+      lora.add(l, LoraModule::kFc2, ffn, x);
     } else {
-      if (tp_.comm) all_reduce(attn_out);
+      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+      lora.add(l, LoraModule::kDense, attn_flat, attn_out);
+      all_reduce(attn_out);
       ops::add(x, attn_out, Tensor(), x);
       ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
-      ops::linear(ln_m, w.fc1_w, w.fc1_b, ffn);
-      lora.add(l, LoraModule::kFc1, ln_m, ffn);
-      ops::gelu(ffn);
+      fc1_gelu(ln_m);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
       lora.add(l, LoraModule::kFc2, ffn, mlp_out);
-      if (tp_.comm) all_reduce(mlp_out);
+      all_reduce(mlp_out);
       ops::add(x, mlp_out, Tensor(), x);
     }
   }

@@ -1,20 +1,26 @@
-// CPU linear: out [T, n_out] = x [T, n_in] @ weight [n_out, in]^T + bias.
+// CPU linear: out [T, n_out] = epilogue(x [T, n_in] @ weight [n_out, in]^T + bias).
 // OpenBLAS sgemm when built with it; otherwise a blocked OpenMP dot-product
 // loop (weights are row-major [out, in], so each output is a contiguous dot).
+// The epilogue (GELU, accumulate into out) follows ops::LinearEpilogue.
 #include <algorithm>
+#include <cmath>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/ops.h"
 #ifdef KESTREL_OPENBLAS
 #include <cblas.h>
 #endif
 
 namespace kestrel::cpu {
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
+namespace {
+
+// y [T, n_out] = x @ weight^T (+ bias when defined).
+void matmul_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y) {
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
   const float* xp = x.data<float>();
   const float* wp = weight.data<float>();
-  float* op = out.data<float>();
+  float* op = y.data<float>();
 #ifdef KESTREL_OPENBLAS
   // OpenBLAS's own threads fight the OpenMP pool for the cores on the small
   // GEMMs of decode (measured: 2.5x slower generate on 2 cores); only wide
@@ -48,6 +54,30 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
       float* row = op + t * n_out;
       for (int64_t o = 0; o < n_out; ++o) row[o] += b[o];
     }
+  }
+}
+
+}  // namespace
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+            const ops::LinearEpilogue& epilogue) {
+  if (!epilogue.gelu && !epilogue.accumulate) {
+    matmul_bias(x, weight, bias, out);
+    return;
+  }
+  Tensor y = epilogue.accumulate ? Tensor::empty(DType::kF32, out.shape()) : out;
+  matmul_bias(x, weight, bias, y);
+  const int64_t n = out.numel();
+  const float* yp = y.data<float>();
+  const float* ap = epilogue.addend ? epilogue.addend->data<float>() : nullptr;
+  float* op = out.data<float>();
+  constexpr float kInvSqrt2 = 0.70710678118654752440f;  // as cpu::gelu
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = yp[i];
+    if (epilogue.gelu) v = 0.5f * v * (1.0f + std::erf(v * kInvSqrt2));
+    if (ap) v += ap[i];
+    op[i] = epilogue.accumulate ? op[i] + v : v;
   }
 }
 

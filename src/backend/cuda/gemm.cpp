@@ -1,8 +1,11 @@
-// linear on CUDA: out [T, n_out] = x [T, in] @ weight [n_out, in]^T (+ bias)
-// through cuBLASLt, bf16 operands, fp32 accumulation, the bias in the
-// epilogue, out in bf16 or f32. One plan (descriptors + the heuristic's best
-// algorithm) per shape, made at first use and cached, with a 32 MiB workspace.
+// linear on CUDA: out [T, n_out] = epilogue(x [T, in] @ weight [n_out, in]^T (+ bias)).
+// Up to 8 rows (decode) take the hand-written GEMV (gemv.cu) with the whole epilogue inside;
+// the rest go through cuBLASLt, bf16 operands, fp32 accumulation, the bias in the
+// epilogue, out in bf16 or f32, accumulate as beta = 1, GELU as a kernel after. One plan
+// (descriptors + the heuristic's best algorithm) per shape, made at first use and cached,
+// with a 32 MiB workspace.
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -109,8 +112,8 @@ int describe(Plan& p, const PlanKey& key, bool bias_epilogue,
 }
 
 void run(const Plan& p, const Tensor& x, const Tensor& weight, Tensor& out,
-         const cublasLtMatmulAlgo_t& algo) {
-  const float alpha = 1.0f, beta = 0.0f;
+         const cublasLtMatmulAlgo_t& algo, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   Gemm& g = gemm();
   CUBLAS_CHECK(cublasLtMatmul(g.handle, p.op, &alpha, weight.raw(), p.a, x.raw(), p.b, &beta,
                               out.raw(), p.c, out.raw(), p.c, &algo, g.workspace, kWorkspaceBytes,
@@ -141,9 +144,65 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
   return g.plans.emplace(key, p).first->second;
 }
 
+// -1: the measured rule below (default); 0: never (cuBLASLt only); 1..3: that variant always.
+int g_gemv_mode = -2;  // -2: not read from KESTREL_GEMV yet
+
+int gemv_mode() {
+  if (g_gemv_mode == -2) {
+    const char* env = std::getenv("KESTREL_GEMV");
+    g_gemv_mode = env ? std::atoi(env) : -1;
+  }
+  return g_gemv_mode;
+}
+
+// cuBLASLt with the epilogue: bias as before, accumulate as beta = 1, GELU in place after
+// (bf16 out, no accumulate), or through an F32 product and linear_epilogue.
+void linear_cublas(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                   const ops::LinearEpilogue& epi) {
+  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
+  const bool f32_out = out.dtype() == DType::kF32;
+  if (epi.addend) {  // y apart, then one 3-way add rounded once (the unfused model's order)
+    Tensor y = Tensor::empty(out.dtype(), out.shape(), Device::kCuda);
+    linear_cublas(x, weight, bias, y, {.gelu = epi.gelu});
+    kernels::add(out.data<uint16_t>(), epi.addend->data<uint16_t>(), y.data<uint16_t>(),
+                 out.data<uint16_t>(), out.numel(), stream());
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  if (epi.gelu && (epi.accumulate || f32_out)) {
+    Tensor y = Tensor::empty(DType::kF32, {n_tokens, n_out}, Device::kCuda);
+    linear_cublas(x, weight, Tensor(), y, {});
+    kernels::linear_epilogue(y.data<float>(), bias.defined() ? bias.data<uint16_t>() : nullptr,
+                             n_tokens, n_out, true, epi.accumulate, out.raw(), f32_out, stream());
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const PlanKey key{n_out, n_tokens, n_in, bias.defined(), f32_out};
+  Plan& p = plan_for(key, x, weight, bias, out);
+  if (p.bias_epilogue) {
+    const void* bp = bias.raw();
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  run(p, x, weight, out, p.algo, epi.accumulate);
+  if (bias.defined() && !p.bias_epilogue) {
+    kernels::add_bias(out.raw(), f32_out, bias.data<uint16_t>(), n_tokens, n_out, stream());
+    CUDA_CHECK_LAUNCH();
+  }
+  if (epi.gelu) {
+    kernels::gelu(out.data<uint16_t>(), out.numel(), stream());
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
 }  // namespace
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out) {
+void set_gemv_mode(int mode) {
+  g_gemv_mode = mode;
+}
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+            const ops::LinearEpilogue& epilogue) {
   KESTREL_CHECK(weight.dtype() == DType::kBF16 && x.dtype() == DType::kBF16,
                 "linear (cuda): x and weight must be BF16, got ", dtype_name(x.dtype()), " and ",
                 dtype_name(weight.dtype()));
@@ -153,19 +212,28 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
                 "linear (cuda): bias must be BF16");
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
   if (n_tokens == 0 || n_out == 0) return;
-  const PlanKey key{n_out, n_tokens, n_in, bias.defined(), out.dtype() == DType::kF32};
-  Plan& p = plan_for(key, x, weight, bias, out);
-  if (p.bias_epilogue) {
-    const void* bp = bias.raw();
-    CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  KESTREL_CHECK(!epilogue.addend || out.dtype() == DType::kBF16,
+                "linear (cuda): an addend needs a BF16 out");
+  // Where the GEMV measured faster than cuBLASLt on the H200 (docs/gpu.md, "GEMV and
+  // fusions"): 1 row at every falcon-7b shape (four rows a warp for k >= 16384: fc2), 2 rows
+  // below k 16384; cuBLASLt's split-K kernels win from 4 rows on.
+  const int mode = gemv_mode();
+  int variant = mode;
+  if (mode < 0) {
+    variant = 0;
+    if (n_tokens == 1) variant = n_in >= 16384 ? 3 : 2;
+    if (n_tokens == 2 && n_in < 16384) variant = 2;
   }
-  run(p, x, weight, out, p.algo);
-  if (bias.defined() && !p.bias_epilogue) {
-    kernels::add_bias(out.raw(), out.dtype() == DType::kF32, bias.data<uint16_t>(), n_tokens, n_out,
-                      stream());
+  if (variant > 0 && kernels::gemv_supported(n_tokens, n_in, x.raw(), weight.raw())) {
+    kernels::gemv(x.data<uint16_t>(), weight.data<uint16_t>(),
+                  bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,
+                  epilogue.gelu, epilogue.accumulate,
+                  epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr, out.raw(),
+                  out.dtype() == DType::kF32, mode > 0 ? mode : 2, stream());
     CUDA_CHECK_LAUNCH();
+    return;
   }
+  linear_cublas(x, weight, bias, out, epilogue);
 }
 
 }  // namespace kestrel::cuda

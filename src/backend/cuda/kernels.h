@@ -52,6 +52,22 @@ void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
               int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s);
 
+// --- linear for a few rows (gemv.cu) ------------------------------------------
+// out [rows, n] = epilogue(x [rows, k] @ w [n, k]^T + bias [n] (null: none)), bf16 in, fp32
+// sums; out bf16 or f32 (f32_out). Epilogue: gelu (exact erf), + addend [rows, n] (bf16 out
+// only; null: none), then accumulate (out += y).
+// Needs gemv_supported: 1..kGemvMaxRows rows, k % 8 == 0, x and w 16-byte aligned.
+// variant (timing): 1 one row a warp, 8 chunks in flight per lane; 2 (default) two rows, 4 (2
+// for rows > 4); 3 four rows, 2.
+constexpr int kGemvMaxRows = 8;
+bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
+void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
+          int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
+          int variant, cudaStream_t s);
+// out [rows, cols] = epilogue(y [rows, cols] F32 + bias [cols] (null: none)), as gemv's.
+void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t cols, bool gelu,
+                     bool accumulate, void* out, bool f32_out, cudaStream_t s);
+
 // --- sampling (sampling.cu) --------------------------------------------------
 // One row's sampling parameters, as engine/sampler.cpp applies them; u is the
 // request's one uniform draw in [0, 1) for this token (unused when greedy).

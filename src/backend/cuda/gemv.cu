@@ -1,0 +1,208 @@
+// The skinny linear of decode: out [M, N] = epilogue(x [M, K] @ w [N, K]^T + bias [N]) for
+// M = 1..8 rows, bf16 in, fp32 accumulation, bf16 or f32 out. Memory-bound on w (M * 2 FLOP
+// per 2-byte weight), so it streams w once: a warp owns R output rows, each lane reads 16-byte
+// chunks of them (R x U loads in flight before the first FMA), x (small, L1/L2-resident) is
+// read beside them; a warp shuffle sums the lanes, and lane 0 applies bias, GELU, accumulate.
+// Also the epilogue kernel for cuBLASLt results that need one (linear_epilogue).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/kernels.h"
+
+namespace kestrel::cuda::kernels {
+namespace {
+
+constexpr int kGemvThreads = 128;  // 4 warps: small blocks keep the last wave short
+
+// 8 bf16 of a and b (16 bytes each), multiplied and summed into acc in fp32.
+__device__ __forceinline__ void dot8(float& acc, const uint4& a, const uint4& b) {
+  const uint32_t* pa = &a.x;
+  const uint32_t* pb = &b.x;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(pa[i] << 16), __uint_as_float(pb[i] << 16), acc);
+    acc = fmaf(__uint_as_float(pa[i] & 0xffff0000u), __uint_as_float(pb[i] & 0xffff0000u), acc);
+  }
+}
+
+// A weight chunk: read once, so kept out of L1 (x stays there).
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(v);
+  return *reinterpret_cast<const uint16_t*>(&h);
+}
+
+__device__ __forceinline__ float gelu_erf(float v) {
+  return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
+}
+
+// y -> out[i] under the epilogue (bias already in y); addend (bf16, or null) as out.
+__device__ __forceinline__ void store_epilogue(float y, bool gelu, bool accumulate,
+                                               const uint16_t* addend, void* out, bool f32_out,
+                                               int64_t i) {
+  if (gelu) y = gelu_erf(y);
+  if (addend) y += bf16_bits_to_f32(addend[i]);
+  if (f32_out) {
+    float* o = static_cast<float*>(out);
+    o[i] = accumulate ? o[i] + y : y;
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(out);
+    o[i] = f32_to_bf16_bits(accumulate ? bf16_bits_to_f32(o[i]) + y : y);
+  }
+}
+
+// x [M, kc] and w [n, kc] in 16-byte chunks (kc = K / 8); out [M, n]; bias [n] or null.
+template <int M, int R, int U>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
+                const uint16_t* __restrict__ bias, int64_t n, int64_t kc, bool gelu,
+                bool accumulate, const uint16_t* addend, void* out, bool f32_out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 =
+      (int64_t{blockIdx.x} * (kGemvThreads / 32) + static_cast<int>(threadIdx.x >> 5)) * R;
+  if (row0 >= n) return;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + min(row0 + r, n - 1) * kc;  // tail rows: re-read
+
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+
+  for (int64_t c = lane; c < kc; c += 32 * U) {
+    uint4 wv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + 32 * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        wv[u][r] = cc < kc ? ld_stream(wr[r] + cc) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + 32 * u;
+      if (cc < kc) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = __ldg(x + m * kc + cc);
+#pragma unroll
+          for (int r = 0; r < R; ++r) dot8(acc[m][r], xv, wv[u][r]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1)
+        acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], off);
+
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= n) break;
+    const float b = bias ? bf16_bits_to_f32(bias[row]) : 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      store_epilogue(acc[m][r] + b, gelu, accumulate, addend, out, f32_out, m * n + row);
+  }
+}
+
+// y [rows, cols] F32 (cuBLASLt's product, no bias) -> out under the epilogue.
+__global__ void linear_epilogue_kernel(const float* y, const uint16_t* bias, int64_t total,
+                                       int64_t cols, bool gelu, bool accumulate, void* out,
+                                       bool f32_out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float b = bias ? bf16_bits_to_f32(bias[i % cols]) : 0.0f;
+    store_epilogue(y[i] + b, gelu, accumulate, nullptr, out, f32_out, i);
+  }
+}
+
+// (R, U) of each variant: rows per warp, chunks per lane per step.
+template <int M>
+void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias, int64_t n,
+              int64_t kc, bool gelu, bool accumulate, const uint16_t* addend, void* out,
+              bool f32_out, cudaStream_t s) {
+  auto go = [&](auto kernel, int r) {
+    const int64_t rows_per_block = int64_t{kGemvThreads / 32} * r;
+    const unsigned blocks = static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block);
+    kernel<<<blocks, kGemvThreads, 0, s>>>(x, w, bias, n, kc, gelu, accumulate, addend, out,
+                                           f32_out);
+  };
+  switch (variant) {
+    case 1:
+      go(gemv_kernel<M, 1, 8>, 1);
+      break;
+    case 3:
+      go(gemv_kernel<M, 4, 2>, 4);
+      break;
+    default:  // 2
+      if constexpr (M <= 4) {
+        go(gemv_kernel<M, 2, 4>, 2);
+      } else {
+        go(gemv_kernel<M, 2, 2>, 2);
+      }
+  }
+}
+
+}  // namespace
+
+bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return rows >= 1 && rows <= kGemvMaxRows && k % 8 == 0 && k > 0 && aligned(x) && aligned(w);
+}
+
+void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
+          int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
+          int variant, cudaStream_t s) {
+  if (n == 0) return;
+  const auto* xv = reinterpret_cast<const uint4*>(x);
+  const auto* wv = reinterpret_cast<const uint4*>(w);
+  const int64_t kc = k / 8;
+  switch (rows) {
+#define KESTREL_GEMV_CASE(M)                                                              \
+  case M:                                                                                 \
+    launch_m<M>(variant, xv, wv, bias, n, kc, gelu, accumulate, addend, out, f32_out, s); \
+    break;
+    KESTREL_GEMV_CASE(1)
+    KESTREL_GEMV_CASE(2)
+    KESTREL_GEMV_CASE(3)
+    KESTREL_GEMV_CASE(4)
+    KESTREL_GEMV_CASE(5)
+    KESTREL_GEMV_CASE(6)
+    KESTREL_GEMV_CASE(7)
+    KESTREL_GEMV_CASE(8)
+#undef KESTREL_GEMV_CASE
+    default:
+      break;  // the caller checked gemv_supported
+  }
+}
+
+void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t cols, bool gelu,
+                     bool accumulate, void* out, bool f32_out, cudaStream_t s) {
+  const int64_t total = rows * cols;
+  if (total == 0) return;
+  const int64_t want = (total + 255) / 256, blocks = want < 4096 ? want : 4096;
+  linear_epilogue_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(y, bias, total, cols, gelu,
+                                                                       accumulate, out, f32_out);
+}
+
+}  // namespace kestrel::cuda::kernels
