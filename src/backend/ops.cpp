@@ -386,6 +386,33 @@ void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor&
   KESTREL_DISPATCH(x, lora_add, x, segments, out);
 }
 
+LoraTableEntry lora_table_entry(const LoraSegment& s, int64_t in) {
+  KESTREL_CHECK(s.a && s.b && s.a->defined() && s.b->defined(), "lora_table_entry: no a or b");
+#ifdef KESTREL_CUDA
+  return cuda::lora_table_entry(s, in);
+#else
+  (void)in;
+  KESTREL_FAIL("lora_table_entry: this kestrel was built without CUDA");
+#endif
+}
+
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out) {
+  expect("lora_add_table", "x", x, act_dtype(x), 2);
+  expect("lora_add_table", "out", out, act_dtype(x), 2);
+  KESTREL_CHECK(out.dim(0) == x.dim(0), "lora_add_table: x ", shape_str(x.shape()), ", out ",
+                shape_str(out.shape()));
+  KESTREL_CHECK(x.device() == Device::kCuda, "lora_add_table: device-side tables are CUDA only");
+  KESTREL_CHECK(n_entries >= 0 && max_r > 0 && max_r <= 128, "lora_add_table: ", n_entries,
+                " entries of rank up to ", max_r, " (1..128)");
+  same_device("lora_add_table", x, out);
+  if (n_entries == 0) return;
+#ifdef KESTREL_CUDA
+  cuda::lora_add_table(x, table, n_entries, max_r, out);
+#else
+  (void)table;
+#endif
+}
+
 void argmax_rows(const Tensor& logits, Tensor& out) {
   expect("argmax_rows", "logits", logits, DType::kF32, 2);
   expect("argmax_rows", "out", out, DType::kI32, 1);

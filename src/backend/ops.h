@@ -117,6 +117,23 @@ struct LoraSegment {
 };
 void lora_add(const Tensor& x, const std::vector<LoraSegment>& segments, Tensor& out);
 
+// lora_add over a segment table already on the device (CUDA graphs, model/decode_graphs.h): the
+// launch depends only on n_entries, max_r and the shapes of x and out, never on the table's
+// contents, so a captured launch serves any later table (other adapters, other rows). Each entry
+// is one row (end == begin + 1) or unused (end == begin); every r <= max_r <= 128. The layout is
+// the CUDA kernels' (40 bytes; checked in cuda_ops.cpp); vec: per-entry vector-load flags.
+struct LoraTableEntry {
+  int32_t begin = 0, end = 0, r = 0;
+  float scale = 0.0f;
+  const void* a = nullptr;  // [r, in], bf16 or f16 (f16 != 0)
+  const void* b = nullptr;  // [out_dim, r], the same dtype
+  int32_t f16 = 0, vec = 0;
+};
+// The entry of segment s for an x of `in` columns (a and b CUDA tensors, bf16 or f16, r <= 128).
+LoraTableEntry lora_table_entry(const LoraSegment& s, int64_t in);
+// out [T, out_dim] += the deltas of the n_entries entries at `table` (device memory) for x [T, in].
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out);
+
 // out[i] = x[indices[i]]. x [T, hidden], indices [N] I32, out [N, hidden].
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 

@@ -365,8 +365,14 @@ void run_bench(const BenchArgs& a) {
                 ? (", " + std::to_string(tok_s / base_tok_s).substr(0, 4) + "x eager").c_str()
                 : "");
       if (!a.json && n_adapters > 0)
-        std::printf("  + %3lld LoRA adapters  %10.0f tok/s  %8.3f ms/step  %.2f of the base rate\n",
-                    static_cast<long long>(n_adapters), tok_s, step_s * 1e3, tok_s / base_tok_s);
+        std::printf(
+            "  + %3lld LoRA adapters  %10.0f tok/s  %8.3f ms/step  %.2f of the base rate%s\n",
+            static_cast<long long>(n_adapters), tok_s, step_s * 1e3, tok_s / base_tok_s,
+            !model.cuda_graphs() ? "  (graphs off)"
+            : replays > 0        ? ("  (graphs on, " + std::to_string(replays) + " replays, " +
+                             std::to_string(captures) + " captures)")
+                                .c_str()
+                          : "  (graphs on, none replayed)");
       if (!a.json && model.tensor_parallel() > 1)
         std::printf("        collectives %.3f ms/step (%.0f%% of the step)\n", comm_ms,
                     100.0 * comm_ms / (step_s * 1e3));
@@ -375,10 +381,13 @@ void run_bench(const BenchArgs& a) {
     const bool graphs = a.cuda_graphs != "off";
     const double eager = a.cuda_graphs == "both" ? run(0, 0.0, false) : 0.0;
     const double base = run(0, eager, graphs);
-    int64_t last = 0;  // counts above the batch run once, at one adapter per sequence
+    // Counts above the batch run once, at one adapter per sequence; with --cuda-graphs both,
+    // eagerly (against the eager base), then with graphs.
+    int64_t last = 0;
     for (int64_t n : lora_counts) {
       if (std::min(n, batch) == last) continue;
       last = std::min(n, batch);
+      if (a.cuda_graphs == "both") run(last, eager, false);
       run(last, base, graphs);
     }
     model.set_cuda_graphs(graphs);

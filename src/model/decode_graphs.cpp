@@ -1,8 +1,10 @@
-// Decode steps as CUDA graphs: pads the step to its bucket, packs every input into one host
-// buffer, copies it to the graph's static device buffer in one transfer, and replays.
+// Decode steps as CUDA graphs: pads the step to its bucket, packs every input (with the LoRA
+// segment tables of its adapters) into one host buffer, copies it to the graph's static device
+// buffer in one transfer, and replays.
 #include "model/decode_graphs.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "core/error.h"
@@ -39,7 +41,9 @@ int64_t DecodeGraphs::width_bucket(int64_t max_blocks) {
 bool DecodeGraphs::eligible(const FalconModel& m, const ForwardBatch& b) {
   const int64_t n = b.n_seqs();
   if (m.device_ != Device::kCuda || m.tp_.comm || m.group_ || b.skip_lm_head) return false;
-  if (n == 0 || n > kMaxBatch || b.n_tokens() != n || !b.adapters.empty()) return false;
+  if (n == 0 || n > kMaxBatch || b.n_tokens() != n) return false;
+  for (const LoraAdapter* a : b.adapters)
+    if (a && (a->n_ranks() != 1 || a->max_rank() > kMaxLoraRank)) return false;
   for (int64_t s = 0; s <= n; ++s)
     if (b.cu_seqlens[s] != s) return false;
   if (!b.lm_head_indices.empty()) {
@@ -50,7 +54,17 @@ bool DecodeGraphs::eligible(const FalconModel& m, const ForwardBatch& b) {
   return true;
 }
 
-void DecodeGraphs::layout(Graph& g, int64_t half) const {
+int DecodeGraphs::lora_bound(const ForwardBatch& b) {
+  int64_t r = 0;
+  for (const LoraAdapter* a : b.adapters)
+    if (a) r = std::max(r, a->max_rank());
+  if (r == 0) return 0;
+  int bound = 16;
+  while (bound < r) bound *= 2;
+  return bound;
+}
+
+void DecodeGraphs::layout(Graph& g, int64_t half, int64_t n_layers) const {
   const size_t n = static_cast<size_t>(g.n_seqs);
   size_t off = 0;
   auto take = [&](size_t bytes) {
@@ -65,6 +79,9 @@ void DecodeGraphs::layout(Graph& g, int64_t half) const {
   g.off_slots = take(n * 8);
   g.off_cos = take(n * static_cast<size_t>(half) * 4);
   g.off_sin = take(n * static_cast<size_t>(half) * 4);
+  if (g.lora_r > 0)
+    g.off_lora =
+        take(static_cast<size_t>(n_layers) * kLoraModules * n * sizeof(ops::LoraTableEntry));
   g.host.assign(off, 0);
 }
 
@@ -97,12 +114,19 @@ void DecodeGraphs::pack(const FalconModel& m, const ForwardBatch& b, Graph& g) c
       std::copy(sin_h.begin(), sin_h.end(), sin);
     }
   }
+  if (g.lora_r > 0) {  // every entry rewritten: none left from an earlier step's adapters
+    const FalconConfig& c = m.config_;
+    const std::array<int64_t, kLoraModules> in_of = {c.hidden_size, c.n_heads * c.head_dim,
+                                                     c.hidden_size, c.ffn_hidden_size};
+    LoraPlan::pack_tables(b, c.n_layers, static_cast<int>(bn), in_of,
+                          at<ops::LoraTableEntry>(g.host, g.off_lora));
+  }
 }
 
 void DecodeGraphs::capture(const FalconModel& m, KvCache& cache, Graph& g) {
   const FalconConfig& c = m.config_;
   const int64_t bn = g.n_seqs, half = c.head_dim / 2;
-  layout(g, half);
+  layout(g, half, c.n_layers);
   g.dev = Tensor::empty(DType::kU8, {static_cast<int64_t>(g.host.size())}, Device::kCuda);
   pack(m, ForwardBatch{}, g);  // every row padding: the eager warm-up run touches no cache slot
   Tensor host = Tensor::borrow(g.host.data(), DType::kU8, {static_cast<int64_t>(g.host.size())});
@@ -123,22 +147,24 @@ void DecodeGraphs::capture(const FalconModel& m, KvCache& cache, Graph& g) {
     in.sin = view(g.off_sin, DType::kF32, {bn, half});
   }
   const ForwardBatch none;
-  const LoraPlan no_lora(none, 0, c.n_layers);
+  // The capture's tables are all unused entries (the dummy step has no rows): it reads no adapter.
+  const LoraPlan lora =
+      g.lora_r > 0 ? LoraPlan(base + g.off_lora, c.n_layers, static_cast<int>(bn), g.lora_r)
+                   : LoraPlan(none, 0, c.n_layers);
   // The attention grid and its split count follow this bound; the kernels read each
   // sequence's kv_len on the device.
   const int32_t max_kv_len = static_cast<int32_t>(g.width * cache.block_size());
   Tensor out;
   g.graph = ops::capture_graph(
       Device::kCuda,
-      [&] { return m.forward_layers(none, in, max_kv_len, /*max_q_len=*/1, no_lora, cache); },
-      &out);
+      [&] { return m.forward_layers(none, in, max_kv_len, /*max_q_len=*/1, lora, cache); }, &out);
   // The pool keeps the block; graphs replay one at a time, so the next capture may share it.
   g.logits = Tensor::borrow(out.raw(), DType::kF32, out.shape(), Device::kCuda);
   ++captures_;
   spdlog::debug(
-      "captured the decode graph of {} sequences, {} blocks wide ({:.1f} MiB in the "
-      "graph pool)",
-      bn, g.width, ops::graph_pool_bytes(Device::kCuda) / 1048576.0);
+      "captured the decode graph of {} sequences, {} blocks wide, LoRA rank bound {} ({:.1f} MiB "
+      "in the graph pool)",
+      bn, g.width, g.lora_r, ops::graph_pool_bytes(Device::kCuda) / 1048576.0);
 }
 
 Tensor DecodeGraphs::run(const FalconModel& m, const ForwardBatch& b, KvCache& cache) {
@@ -149,11 +175,13 @@ Tensor DecodeGraphs::run(const FalconModel& m, const ForwardBatch& b, KvCache& c
     cache_id_ = id;
   }
   const int64_t n = b.n_seqs();
-  const std::pair<int64_t, int64_t> key{batch_bucket(n), width_bucket(b.max_blocks)};
+  const std::tuple<int64_t, int64_t, int> key{batch_bucket(n), width_bucket(b.max_blocks),
+                                              lora_bound(b)};
   Graph& g = graphs_[key];
   if (!g.graph) {
-    g.n_seqs = key.first;
-    g.width = key.second;
+    g.n_seqs = std::get<0>(key);
+    g.width = std::get<1>(key);
+    g.lora_r = std::get<2>(key);
     capture(m, cache, g);
   }
   pack(m, b, g);
@@ -161,6 +189,7 @@ Tensor DecodeGraphs::run(const FalconModel& m, const ForwardBatch& b, KvCache& c
   ops::copy_to_device(host, g.dev);
   g.graph->replay();
   ++replays_;
+  if (g.lora_r > 0) ++lora_replays_;
   return g.logits.rows(0, n);
 }
 

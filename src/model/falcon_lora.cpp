@@ -3,6 +3,7 @@
 // per-forward segment plan. See docs/lora.md.
 #include "model/falcon_lora.h"
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <map>
@@ -300,8 +301,56 @@ LoraPlan::LoraPlan(const ForwardBatch& b, int rank, int64_t n_layers) {
   }
 }
 
+LoraPlan::LoraPlan(const void* tables, int64_t n_layers, int entries, int max_r)
+    : empty_(n_layers == 0 || entries == 0),
+      tables_(static_cast<const uint8_t*>(tables)),
+      entries_(entries),
+      max_r_(max_r) {}
+
+void LoraPlan::pack_tables(const ForwardBatch& b, int64_t n_layers, int entries,
+                           const std::array<int64_t, kLoraModules>& in_of,
+                           ops::LoraTableEntry* tables) {
+  std::fill(tables, tables + n_layers * kLoraModules * entries, ops::LoraTableEntry{});
+  if (b.adapters.empty()) return;
+  // Each distinct adapter's entries for every (layer, module), made once (rows are filled in).
+  std::map<const LoraAdapter*, std::vector<ops::LoraTableEntry>> made;
+  std::vector<int> used(n_layers * kLoraModules, 0);
+  for (int64_t s = 0; s < b.n_seqs(); ++s) {
+    const LoraAdapter* a = b.adapters[s];
+    if (!a) continue;
+    auto [it, fresh] = made.try_emplace(a);
+    std::vector<ops::LoraTableEntry>& per = it->second;
+    if (fresh) {
+      per.resize(n_layers * kLoraModules);
+      for (int64_t l = 0; l < n_layers; ++l) {
+        for (int i = 0; i < kLoraModules; ++i) {
+          const LoraLinear& lin = a->linear(0, l, static_cast<LoraModule>(i));
+          if (!lin.defined()) continue;  // r stays 0: not targeted
+          per[l * kLoraModules + i] =
+              ops::lora_table_entry({0, 0, &lin.a, &lin.b, lin.scale}, in_of[i]);
+        }
+      }
+    }
+    const int32_t row = b.cu_seqlens[s];
+    for (int64_t t = 0; t < n_layers * kLoraModules; ++t) {
+      if (per[t].r == 0) continue;
+      KESTREL_CHECK(used[t] < entries, "LoraPlan::pack_tables: more than ", entries, " rows");
+      ops::LoraTableEntry& e = tables[t * entries + used[t]++];
+      e = per[t];
+      e.begin = row;
+      e.end = row + 1;
+    }
+  }
+}
+
 void LoraPlan::add(int64_t layer, LoraModule m, const Tensor& x, Tensor& out) const {
   if (empty_) return;
+  if (tables_) {
+    const size_t t = static_cast<size_t>(layer * kLoraModules + static_cast<int>(m));
+    ops::lora_add_table(x, tables_ + t * entries_ * sizeof(ops::LoraTableEntry), entries_, max_r_,
+                        out);
+    return;
+  }
   const std::vector<ops::LoraSegment>& segs = segments_[layer][static_cast<int>(m)];
   if (!segs.empty()) ops::lora_add(x, segs, out);
 }

@@ -24,13 +24,25 @@ void check_lora_batch(const ForwardBatch& b, int n_ranks, int64_t n_layers);
 class LoraPlan {
  public:
   LoraPlan(const ForwardBatch& b, int rank, int64_t n_layers);
+  // A decode graph's plan (decode_graphs.h): device-side tables at `tables`, n_layers x
+  // kLoraModules tables of `entries` ops::LoraTableEntry each (layer-major), ranks <= max_r;
+  // every add launches ops::lora_add_table on its table, whatever the table holds.
+  LoraPlan(const void* tables, int64_t n_layers, int entries, int max_r);
   bool empty() const { return empty_; }
   // out += the deltas of module m of `layer` for x (a no-op without segments).
   void add(int64_t layer, LoraModule m, const Tensor& x, Tensor& out) const;
 
+  // Fills the host tables of a decode graph (the layout above) for the one-token rows of b
+  // (model rank 0): one entry per row whose adapter targets the module, then unused entries.
+  static void pack_tables(const ForwardBatch& b, int64_t n_layers, int entries,
+                          const std::array<int64_t, kLoraModules>& in_of,
+                          ops::LoraTableEntry* tables);
+
  private:
   bool empty_ = true;
   std::vector<std::array<std::vector<ops::LoraSegment>, kLoraModules>> segments_;
+  const uint8_t* tables_ = nullptr;  // graph plans: the device tables
+  int entries_ = 0, max_r_ = 0;
 };
 
 }  // namespace kestrel

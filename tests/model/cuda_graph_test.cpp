@@ -3,7 +3,8 @@
 // cuBLASLt may pick another kernel) and equal argmax wherever the margin is clear. The batch
 // changes between replays: sequences finish and join, contexts grow past a block-table width
 // bucket, batch sizes move between buckets. Also: the graphs really replay (capture and replay
-// counts), --cuda-graphs off runs eagerly, LoRA steps fall back to eager. Skips without a GPU.
+// counts), --cuda-graphs off runs eagerly; LoRA steps replay too (cuda_lora_graph_test.cpp).
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -223,7 +224,8 @@ TEST_F(CudaGraphTest, UploadsOnAnotherThreadDuringCaptures) {
   EXPECT_EQ(wrong, 0);
 }
 
-// Off: every step eager. Steps graphs do not take (prefill, LoRA) run eagerly too.
+// Off: every step eager. Steps graphs do not take (prefill, skip_lm_head) run eagerly too; a
+// LoRA decode step replays (the graph of rank bound 16).
 TEST_F(CudaGraphTest, OffAndIneligibleStepsRunEagerly) {
   FalconModel model = FalconModel::load(test::fixture_dir("falcon7b-hd128-mqa"), Device::kCuda);
   KvCache cache = model.make_kv_cache(64, kBlockSize);
@@ -244,7 +246,8 @@ TEST_F(CudaGraphTest, OffAndIneligibleStepsRunEagerly) {
   EXPECT_EQ(model.graph_stats().replays, 1);
   auto adapter = model.random_adapter("x", 4, {LoraModule::kQkv}, 1);
   b.adapters = {adapter.get()};
-  EXPECT_FALSE(DecodeGraphs::eligible(model, b));
+  EXPECT_TRUE(DecodeGraphs::eligible(model, b));
+  EXPECT_EQ(DecodeGraphs::lora_bound(b), 16);
   b.adapters.clear();
   b.lm_head_indices.clear();
   EXPECT_TRUE(DecodeGraphs::eligible(model, b));

@@ -1,6 +1,7 @@
 // The Tensor-level CUDA ops: ops.cpp has checked shapes; here the dtypes the
 // kernels need are checked and the raw pointers handed to kernels.h.
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 #include <vector>
 
@@ -148,6 +149,8 @@ void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Te
     d.a = bf(*g.a);
     d.b = bf(*g.b);
     d.f16 = g.a->dtype() == DType::kF16 ? 1 : 0;
+    d.vec = (in % 8 == 0 && aligned16(d.a) ? kernels::kLoraVecA : 0) |
+            (d.r % 8 == 0 && aligned16(d.b) ? kernels::kLoraVecB : 0);
     descs.push_back(d);
     max_r = std::max(max_r, d.r);
   }
@@ -182,6 +185,51 @@ void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Te
                       x.dim(0), in, v.data<float>(), splits, out_dim, bf_mut(out), stream());
     CUDA_CHECK_LAUNCH();
   }
+}
+
+static_assert(sizeof(ops::LoraTableEntry) == sizeof(kernels::LoraSegDesc) &&
+                  offsetof(ops::LoraTableEntry, a) == offsetof(kernels::LoraSegDesc, a) &&
+                  offsetof(ops::LoraTableEntry, b) == offsetof(kernels::LoraSegDesc, b) &&
+                  offsetof(ops::LoraTableEntry, scale) == offsetof(kernels::LoraSegDesc, scale) &&
+                  offsetof(ops::LoraTableEntry, vec) == offsetof(kernels::LoraSegDesc, vec),
+              "ops::LoraTableEntry must have kernels::LoraSegDesc's layout");
+
+ops::LoraTableEntry lora_table_entry(const ops::LoraSegment& g, int64_t in) {
+  const Tensor &a = *g.a, &b = *g.b;
+  KESTREL_CHECK(a.device() == Device::kCuda && b.device() == Device::kCuda &&
+                    (a.dtype() == DType::kBF16 || a.dtype() == DType::kF16) &&
+                    b.dtype() == a.dtype() && a.ndim() == 2 && b.ndim() == 2 && a.dim(1) == in &&
+                    b.dim(1) == a.dim(0),
+                "lora_table_entry (cuda): a ", shape_str(a.shape()), " ", dtype_name(a.dtype()),
+                ", b ", shape_str(b.shape()), " ", dtype_name(b.dtype()), " for x of ", in,
+                " columns; CUDA bf16 or f16 pairs expected");
+  KESTREL_CHECK(a.dim(0) <= kernels::kMaxLoraRank, "lora_table_entry (cuda): rank ", a.dim(0),
+                ", the CUDA kernels take at most ", kernels::kMaxLoraRank);
+  ops::LoraTableEntry e;
+  e.begin = g.begin;
+  e.end = g.end;
+  e.r = static_cast<int32_t>(a.dim(0));
+  e.scale = g.scale;
+  e.a = a.raw();
+  e.b = b.raw();
+  e.f16 = a.dtype() == DType::kF16 ? 1 : 0;
+  e.vec = (in % 8 == 0 && aligned16(e.a) ? kernels::kLoraVecA : 0) |
+          (e.r % 8 == 0 && aligned16(e.b) ? kernels::kLoraVecB : 0);
+  return e;
+}
+
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out) {
+  need("lora_add_table", "x", x, DType::kBF16);
+  need("lora_add_table", "out", out, DType::kBF16);
+  const int64_t in = x.dim(1), rows = x.dim(0);
+  const bool x_vec = in % 8 == 0 && aligned16(x.raw());
+  const int splits = kernels::lora_shrink_splits(in, n_entries, 1, max_r, x_vec);
+  // Under capture v comes from the graph pool: one address for every replay.
+  Tensor v = Tensor::empty(DType::kF32, {splits, rows, max_r}, Device::kCuda);
+  kernels::lora_add_graph(static_cast<const kernels::LoraSegDesc*>(table), n_entries, max_r, x_vec,
+                          bf(x), rows, in, v.data<float>(), splits, out.dim(1), bf_mut(out),
+                          stream());
+  CUDA_CHECK_LAUNCH();
 }
 
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {

@@ -71,6 +71,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const Tensor& alibi_slopes);
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Tensor& out);
+ops::LoraTableEntry lora_table_entry(const ops::LoraSegment& s, int64_t in);
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out);
 void argmax_rows(const Tensor& logits, Tensor& out);
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
 // ops::sample_on_device (sampling.cpp).

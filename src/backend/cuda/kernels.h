@@ -133,14 +133,18 @@ void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStr
 
 // --- LoRA (lora.cu) -----------------------------------------------------------
 // One segment of ops::lora_add in the device-side table: rows [begin, end) of x and out,
-// a [r, in] and b [out_dim, r] (bf16, or f16 when f16 != 0), scale. 40 bytes.
+// a [r, in] and b [out_dim, r] (bf16, or f16 when f16 != 0), scale. vec: kLoraVecA when in % 8
+// == 0 and a is 16-byte aligned, kLoraVecB when r % 8 == 0 and b is (read by lora_add_graph;
+// lora_add decides for the whole launch). 40 bytes, the layout of ops::LoraTableEntry.
 struct LoraSegDesc {
   int32_t begin = 0, end = 0, r = 0;
   float scale = 1.0f;
   const uint16_t* a = nullptr;
   const uint16_t* b = nullptr;
   int32_t f16 = 0;
+  int32_t vec = 0;
 };
+constexpr int32_t kLoraVecA = 1, kLoraVecB = 2;
 constexpr int kMaxLoraRank = 128;  // r above it is refused by the host op
 constexpr int kLoraTileRows = 8;   // rows per tile of both kernels
 // How many parts the shrink splits `in` into for this launch (1 for long segments, up to 64
@@ -155,5 +159,13 @@ int lora_shrink_splits(int64_t in, int n_segments, int max_rows, int max_r, bool
 void lora_add(const LoraSegDesc* table, int n_segments, int max_rows, int max_r, bool vec_in,
               bool vec_b, const uint16_t* x, int64_t rows, int64_t in, float* v, int splits,
               int64_t out_dim, uint16_t* out, cudaStream_t s);
+
+// The launch of a CUDA graph (ops::lora_add_table): the grid follows n_segments, max_r and the
+// shapes only; each entry is one row or empty (begin == end), r <= max_r; the vector loads are
+// chosen per entry from LoraSegDesc::vec (x_vec: in % 8 == 0 and x 16-byte aligned, else none).
+// v [splits, rows, max_r] F32 with splits = lora_shrink_splits(in, n_segments, 1, max_r, x_vec).
+void lora_add_graph(const LoraSegDesc* table, int n_segments, int max_r, bool x_vec,
+                    const uint16_t* x, int64_t rows, int64_t in, float* v, int splits,
+                    int64_t out_dim, uint16_t* out, cudaStream_t s);
 
 }  // namespace kestrel::cuda::kernels

@@ -79,25 +79,14 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// grid (tiles, segments, splits * rank_groups); warp w of rank group g owns rank g * 8 + w of
-// its tile over the columns [split * chunk, (split + 1) * chunk) of x and a. E = 8 needs
-// in % 8 == 0 and 16-byte aligned x and a; chunk is a multiple of 32 * E. ROWS: rows per tile
-// (1 when every segment has one row, as in decode; else kTile). At most 64 registers.
+// One warp's rank of one tile over one split (the shrink kernel's body, E as there).
 template <int E, int ROWS>
-__global__ void __launch_bounds__(kThreads, 4)
-    lora_shrink_kernel(const LoraSegDesc* __restrict__ table, const uint16_t* __restrict__ x,
-                       int64_t in, int64_t chunk, int rank_groups, float* __restrict__ vp,
-                       int v_stride, int64_t split_stride) {
-  pdl_launch_dependents();  // the expand's blocks may start their loads of b and out now
+__device__ __forceinline__ void shrink_warp(const LoraSegDesc& sd, const uint16_t* __restrict__ x,
+                                            int64_t in, int64_t chunk, int split, int rank,
+                                            int row0, float* __restrict__ vp, int v_stride,
+                                            int64_t split_stride) {
   constexpr int kUnroll = ROWS == 1 ? 4 : 2;  // loads of a in flight per thread
-  const LoraSegDesc sd = table[blockIdx.y];
-  const int split = static_cast<int>(blockIdx.z) / rank_groups;
-  const int group = static_cast<int>(blockIdx.z) % rank_groups;
-  const int row0 = sd.begin + static_cast<int>(blockIdx.x) * ROWS;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rank = group * kWarps + warp;
-  // Grid sized for the longest segment / rank; no block-wide barrier below, so warps leave alone.
-  if (row0 >= sd.end || rank >= sd.r) return;
+  const int lane = threadIdx.x % 32;
   const int n_rows = min(ROWS, sd.end - row0);
   const bool f16 = sd.f16 != 0;
   const int64_t k0 = split * chunk, k1 = min(in, k0 + chunk);
@@ -145,20 +134,40 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
-// grid (tiles, segments, ceil(out_dim / (kThreads * C))); thread columns o + c * kThreads for
-// c < C. VEC: r % 8 == 0 and b 16-byte aligned; then the first 16 ranks of each b row are
-// loaded before the wait for the shrink, with the tile's out values. ROWS as in the shrink.
-template <bool VEC, int C, int ROWS>
+// grid (tiles, segments, splits * rank_groups); warp w of rank group g owns rank g * 8 + w of
+// its tile over the columns [split * chunk, (split + 1) * chunk) of x and a. E = 8 needs
+// in % 8 == 0 and 16-byte aligned x and a; chunk is a multiple of 32 * E. E = 0: 8 or 1 per
+// entry, from LoraSegDesc::vec (chunk then a multiple of 256 when in % 8 == 0). ROWS: rows per
+// tile (1 when every segment has one row, as in decode; else kTile). At most 64 registers.
+template <int E, int ROWS>
 __global__ void __launch_bounds__(kThreads, 4)
-    lora_expand_kernel(const LoraSegDesc* __restrict__ table, const float* __restrict__ vp,
-                       int splits, int64_t split_stride, int v_stride, int64_t out_dim,
-                       uint16_t* __restrict__ out) {
+    lora_shrink_kernel(const LoraSegDesc* __restrict__ table, const uint16_t* __restrict__ x,
+                       int64_t in, int64_t chunk, int rank_groups, float* __restrict__ vp,
+                       int v_stride, int64_t split_stride) {
+  pdl_launch_dependents();  // the expand's blocks may start their loads of b and out now
   const LoraSegDesc sd = table[blockIdx.y];
+  const int split = static_cast<int>(blockIdx.z) / rank_groups;
+  const int group = static_cast<int>(blockIdx.z) % rank_groups;
   const int row0 = sd.begin + static_cast<int>(blockIdx.x) * ROWS;
-  if (row0 >= sd.end) {
-    pdl_wait();  // every block waits, so this grid never ends before the shrink
-    return;
+  const int rank = group * kWarps + static_cast<int>(threadIdx.x) / 32;
+  // Grid sized for the longest segment / rank; no block-wide barrier below, so warps leave alone.
+  if (row0 >= sd.end || rank >= sd.r) return;
+  if constexpr (E == 0) {
+    if (sd.vec & kLoraVecA)
+      shrink_warp<8, ROWS>(sd, x, in, chunk, split, rank, row0, vp, v_stride, split_stride);
+    else
+      shrink_warp<1, ROWS>(sd, x, in, chunk, split, rank, row0, vp, v_stride, split_stride);
+  } else {
+    shrink_warp<E, ROWS>(sd, x, in, chunk, split, rank, row0, vp, v_stride, split_stride);
   }
+}
+
+// The expand kernel's body for a block with rows (VEC as there, 0 or 1).
+template <bool VEC, int C, int ROWS>
+__device__ __forceinline__ void expand_block(const LoraSegDesc& sd, int row0,
+                                             const float* __restrict__ vp, int splits,
+                                             int64_t split_stride, int v_stride, int64_t out_dim,
+                                             uint16_t* __restrict__ out) {
   const int n_rows = min(ROWS, sd.end - row0);
   const int r = sd.r;
   const bool f16 = sd.f16 != 0;
@@ -244,6 +253,27 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
+// grid (tiles, segments, ceil(out_dim / (kThreads * C))); thread columns o + c * kThreads for
+// c < C. ROWS as in the shrink. VEC: 1 when every r % 8 == 0 and every b 16-byte aligned (then the
+// first 16 ranks of each b row are loaded before the wait for the shrink, with the tile's out
+// values), 0 scalar loads, 2 either per entry from LoraSegDesc::vec.
+template <int VEC, int C, int ROWS>
+__global__ void __launch_bounds__(kThreads, 4)
+    lora_expand_kernel(const LoraSegDesc* __restrict__ table, const float* __restrict__ vp,
+                       int splits, int64_t split_stride, int v_stride, int64_t out_dim,
+                       uint16_t* __restrict__ out) {
+  const LoraSegDesc sd = table[blockIdx.y];
+  const int row0 = sd.begin + static_cast<int>(blockIdx.x) * ROWS;
+  if (row0 >= sd.end) {
+    pdl_wait();  // every block waits, so this grid never ends before the shrink
+    return;
+  }
+  if (VEC == 1 || (VEC == 2 && (sd.vec & kLoraVecB)))
+    expand_block<true, C, ROWS>(sd, row0, vp, splits, split_stride, v_stride, out_dim, out);
+  else
+    expand_block<false, C, ROWS>(sd, row0, vp, splits, split_stride, v_stride, out_dim, out);
+}
+
 // KESTREL_LORA_PDL=0 launches the expand plainly (after the whole shrink), for comparison.
 bool pdl_enabled() {
   static const bool on = [] {
@@ -320,16 +350,16 @@ void launch(const LoraSegDesc* table, int n_segments, int max_rows, int max_r, b
   const bool pdl = pdl_enabled() && tiles * n_segments > 1;
   const float* vc = v;
   if (vec_b && wide)
-    launch_expand(lora_expand_kernel<true, 2, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
+    launch_expand(lora_expand_kernel<1, 2, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
                   max_r, out_dim, out);
   else if (vec_b)
-    launch_expand(lora_expand_kernel<true, 1, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
+    launch_expand(lora_expand_kernel<1, 1, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
                   max_r, out_dim, out);
   else if (wide)
-    launch_expand(lora_expand_kernel<false, 2, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
+    launch_expand(lora_expand_kernel<0, 2, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
                   max_r, out_dim, out);
   else
-    launch_expand(lora_expand_kernel<false, 1, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
+    launch_expand(lora_expand_kernel<0, 1, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
                   max_r, out_dim, out);
 }
 
@@ -360,6 +390,35 @@ void lora_add(const LoraSegDesc* table, int n_segments, int max_rows, int max_r,
   else
     launch<kTile>(table, n_segments, max_rows, max_r, vec_in, vec_b, x, rows, in, v, splits,
                   out_dim, out, s);
+}
+
+void lora_add_graph(const LoraSegDesc* table, int n_segments, int max_r, bool x_vec,
+                    const uint16_t* x, int64_t rows, int64_t in, float* v, int splits,
+                    int64_t out_dim, uint16_t* out, cudaStream_t s) {
+  if (n_segments == 0 || max_r == 0) return;
+  // One row per entry: one tile per segment; the unit of a split fits either load width.
+  const int64_t unit = 32 * (x_vec ? 8 : 1);
+  const int64_t chunk = ceil_div(ceil_div(in, unit), splits) * unit;
+  const int groups = static_cast<int>(ceil_div(max_r, kWarps));
+  const int64_t split_stride = rows * max_r;
+  const dim3 gs(1, static_cast<unsigned>(n_segments), static_cast<unsigned>(splits * groups));
+  if (x_vec)
+    lora_shrink_kernel<0, 1>
+        <<<gs, kThreads, 0, s>>>(table, x, in, chunk, groups, v, max_r, split_stride);
+  else
+    lora_shrink_kernel<1, 1>
+        <<<gs, kThreads, 0, s>>>(table, x, in, chunk, groups, v, max_r, split_stride);
+  const bool wide = wide_enabled() && n_segments * ceil_div(out_dim, 2 * kThreads) >= kWideBlocks;
+  const dim3 ge(1, static_cast<unsigned>(n_segments),
+                static_cast<unsigned>(ceil_div(out_dim, (wide ? 2 : 1) * kThreads)));
+  // In a graph the host's launch cost is paid once at capture: PDL at every batch size.
+  const float* vc = v;
+  if (wide)
+    launch_expand(lora_expand_kernel<2, 2, 1>, ge, s, pdl_enabled(), table, vc, splits,
+                  split_stride, max_r, out_dim, out);
+  else
+    launch_expand(lora_expand_kernel<2, 1, 1>, ge, s, pdl_enabled(), table, vc, splits,
+                  split_stride, max_r, out_dim, out);
 }
 
 }  // namespace kestrel::cuda::kernels
