@@ -108,7 +108,7 @@ std::vector<Case> cases() {
 
 TEST(CudaLinear, EpiloguesMatchCpu) {
   REQUIRE_GPU();
-  for (int mode : {-1, 0, 1, 3}) {
+  for (int mode : {-1, 0, 1, 3, 4}) {
     cuda::set_gemv_mode(mode);
     for (const Case& c : cases()) {
       const double err = check(c);
@@ -146,7 +146,7 @@ TEST(CudaLinear, DISABLED_GemvTimingFalcon7b) {
       Tensor out =
           Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
       std::printf("gemv %-8s m=%lld:", sh.name, static_cast<long long>(m));
-      for (int mode : {0, 1, 2, 3}) {
+      for (int mode : {0, 1, 2, 3, 4}) {
         cuda::set_gemv_mode(mode);
         std::vector<double> us;
         for (int it = 0; it < 24; ++it) {
@@ -166,7 +166,8 @@ TEST(CudaLinear, DISABLED_GemvTimingFalcon7b) {
                     mode == 0   ? "cublas"
                     : mode == 1 ? "v1"
                     : mode == 2 ? "v2"
-                                : "v3",
+                    : mode == 3 ? "v3"
+                                : "v4",
                     med, bytes / med / 1e6);
       }
       std::printf("\n");

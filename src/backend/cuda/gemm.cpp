@@ -144,7 +144,7 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
   return g.plans.emplace(key, p).first->second;
 }
 
-// -1: the measured rule below (default); 0: never (cuBLASLt only); 1..3: that variant always.
+// -1: the measured rule below (default); 0: never (cuBLASLt only); 1..4: that variant always.
 int g_gemv_mode = -2;  // -2: not read from KESTREL_GEMV yet
 
 int gemv_mode() {
@@ -215,15 +215,11 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   KESTREL_CHECK(!epilogue.addend || out.dtype() == DType::kBF16,
                 "linear (cuda): an addend needs a BF16 out");
   // Where the GEMV measured faster than cuBLASLt on the H200 (docs/gpu.md, "GEMV and
-  // fusions"): 1 row at every falcon-7b shape (four rows a warp for k >= 16384: fc2), 2 rows
-  // below k 16384; cuBLASLt's split-K kernels win from 4 rows on.
+  // fusions"): v4 (k split over a block's warps) for 1 row at every falcon-7b shape and for 2
+  // rows below k 16384; cuBLASLt's split-K kernels win from 4 rows on.
   const int mode = gemv_mode();
   int variant = mode;
-  if (mode < 0) {
-    variant = 0;
-    if (n_tokens == 1) variant = n_in >= 16384 ? 3 : 2;
-    if (n_tokens == 2 && n_in < 16384) variant = 2;
-  }
+  if (mode < 0) variant = n_tokens == 1 || (n_tokens == 2 && n_in < 16384) ? 4 : 0;
   if (variant > 0 && kernels::gemv_supported(n_tokens, n_in, x.raw(), weight.raw())) {
     kernels::gemv(x.data<uint16_t>(), weight.data<uint16_t>(),
                   bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,

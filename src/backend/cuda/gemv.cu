@@ -125,6 +125,72 @@ __global__ void __launch_bounds__(kGemvThreads)
   }
 }
 
+// As gemv_kernel, but the block's 4 warps share its R rows and split k between them (more
+// loads in flight per row, fewer rounds of memory latency per lane), summed through shared
+// memory at the end.
+template <int M, int R, int U>
+__global__ void __launch_bounds__(kGemvThreads)
+    gemv_split_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
+                      const uint16_t* __restrict__ bias, int64_t n, int64_t kc, bool gelu,
+                      bool accumulate, const uint16_t* addend, void* out, bool f32_out) {
+  constexpr int kWarps = kGemvThreads / 32;
+  __shared__ float part[kWarps][M * R];
+  const int lane = threadIdx.x & 31, warp = static_cast<int>(threadIdx.x >> 5);
+  const int64_t row0 = int64_t{blockIdx.x} * R;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + min(row0 + r, n - 1) * kc;
+
+  float acc[M][R];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+
+  for (int64_t c = threadIdx.x; c < kc; c += kGemvThreads * U) {
+    uint4 wv[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + kGemvThreads * u;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        wv[u][r] = cc < kc ? ld_stream(wr[r] + cc) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t cc = c + kGemvThreads * u;
+      if (cc < kc) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = __ldg(x + m * kc + cc);
+#pragma unroll
+          for (int r = 0; r < R; ++r) dot8(acc[m][r], xv, wv[u][r]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1)
+        acc[m][r] += __shfl_xor_sync(0xffffffffu, acc[m][r], off);
+      if (lane == 0) part[warp][m * R + r] = acc[m][r];
+    }
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x);
+  if (t >= M * R) return;
+  const int m = t / R, r = t % R;
+  const int64_t row = row0 + r;
+  if (row >= n) return;
+  float y = bias ? bf16_bits_to_f32(bias[row]) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) y += part[i][t];
+  store_epilogue(y, gelu, accumulate, addend, out, f32_out, m * n + row);
+}
+
 // y [rows, cols] F32 (cuBLASLt's product, no bias) -> out under the epilogue.
 __global__ void linear_epilogue_kernel(const float* y, const uint16_t* bias, int64_t total,
                                        int64_t cols, bool gelu, bool accumulate, void* out,
@@ -147,6 +213,14 @@ void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias,
     kernel<<<blocks, kGemvThreads, 0, s>>>(x, w, bias, n, kc, gelu, accumulate, addend, out,
                                            f32_out);
   };
+  if (variant == 4) {
+    constexpr int kR = M <= 4 ? 2 : 1;
+    constexpr int kU = M <= 2 ? 4 : 2;
+    const unsigned blocks = static_cast<unsigned>((n + kR - 1) / kR);
+    gemv_split_kernel<M, kR, kU>
+        <<<blocks, kGemvThreads, 0, s>>>(x, w, bias, n, kc, gelu, accumulate, addend, out, f32_out);
+    return;
+  }
   switch (variant) {
     case 1:
       go(gemv_kernel<M, 1, 8>, 1);

@@ -57,8 +57,9 @@ void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_
 // sums; out bf16 or f32 (f32_out). Epilogue: gelu (exact erf), + addend [rows, n] (bf16 out
 // only; null: none), then accumulate (out += y).
 // Needs gemv_supported: 1..kGemvMaxRows rows, k % 8 == 0, x and w 16-byte aligned.
-// variant (timing): 1 one row a warp, 8 chunks in flight per lane; 2 (default) two rows, 4 (2
-// for rows > 4); 3 four rows, 2.
+// variant: 1 one row a warp, 8 chunks in flight per lane; 2 two rows, 4 (2 for rows > 4); 3
+// four rows, 2; 4 (what linear uses) a block of 4 warps per 2 rows (1 for rows > 4), k split
+// between the warps.
 constexpr int kGemvMaxRows = 8;
 bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
