@@ -18,6 +18,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace kestrel::cuda::kernels {
 namespace {
@@ -57,6 +58,7 @@ constexpr int kGenericWarps = 4;
 constexpr int kGenericMaxDimsPerLane = 8;  // head_dim <= 256
 
 __global__ void attention_generic_kernel(AttentionParams p) {
+  pdl_enter();
   const int h = blockIdx.x, t = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int d = static_cast<int>(p.head_dim);
@@ -182,6 +184,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 template <int D>
 __global__ void __launch_bounds__(kMmaThreads)
     attention_mma_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
+  pdl_enter();
   constexpr int kStride = D + 8;  // bf16 elements per smem row: 16 bytes of padding
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* s_q = smem;
@@ -404,6 +407,7 @@ __device__ __forceinline__ float ex2(float x) {
 template <int D, int MF, int NW, bool kAlibi, bool kDoubleK>
 __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
     attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
+  pdl_enter();
   constexpr int kV3Threads = NW * 32, kM = 16 * MF * NW, kN = kV3BlockN;
   constexpr int kStride = D + 8;                   // bf16 per smem row: 16 bytes of padding
   constexpr int kCpr = D / 8;                      // 16-byte chunks per row
@@ -722,6 +726,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
 // (an empty one: zeros with lse -inf). grid (T * n_heads), block D threads.
 __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const float* o_part,
                                          const float* lse_part) {
+  pdl_enter();
   const int64_t th = blockIdx.x;
   const int d = static_cast<int>(p.head_dim);
   const int64_t stride = p.n_tokens * p.n_heads;  // between splits
@@ -773,7 +778,7 @@ void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* ls
                          static_cast<int>(smem));
     configured = true;
   }
-  attention_mma_kernel<D><<<grid, kMmaThreads, smem, s>>>(p, n_splits, o_part, lse_part);
+  pdl_launch(attention_mma_kernel<D>, grid, kMmaThreads, smem, s, p, n_splits, o_part, lse_part);
 }
 
 template <int D, int MF, int NW, bool kAlibi, bool kDoubleK>
@@ -792,8 +797,8 @@ void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse
                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     configured = true;
   }
-  attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK>
-      <<<grid, NW * 32, smem, s>>>(p, n_splits, o_part, lse_part);
+  pdl_launch(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK>, grid, NW * 32, smem, s, p, n_splits,
+             o_part, lse_part);
 }
 
 template <int D, int MF, int NW>
@@ -843,7 +848,7 @@ int choose_splits(const AttentionParams& p, int rows, int n_sms) {
 void attention_generic(const AttentionParams& p, cudaStream_t s) {
   if (p.n_tokens == 0) return;
   const dim3 grid(static_cast<unsigned>(p.n_heads), static_cast<unsigned>(p.n_tokens));
-  attention_generic_kernel<<<grid, kGenericWarps * 32, 0, s>>>(p);
+  pdl_launch(attention_generic_kernel, grid, kGenericWarps * 32, 0, s, p);
 }
 
 bool attention_mma_supported(const AttentionParams& p) {
@@ -873,9 +878,8 @@ void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStr
                      : launch_v3_rows<128>(p, version, rows, splits, o_part, lse_part, s);
   }
   if (splits > 1) {
-    attention_combine_kernel<<<static_cast<unsigned>(p.n_tokens * p.n_heads),
-                               static_cast<unsigned>(p.head_dim), 0, s>>>(p, splits, o_part,
-                                                                          lse_part);
+    pdl_launch(attention_combine_kernel, static_cast<unsigned>(p.n_tokens * p.n_heads),
+               static_cast<unsigned>(p.head_dim), 0, s, p, splits, o_part, lse_part);
   }
 }
 

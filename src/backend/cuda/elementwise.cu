@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace kestrel::cuda::kernels {
 namespace {
@@ -90,6 +91,7 @@ __global__ void random_uniform_kernel(void* dst, bool bf16_out, int64_t n, uint6
 // One block per token; 16-byte copies when the row allows.
 __global__ void embedding_kernel(const int32_t* ids, const uint16_t* table, int64_t vocab,
                                  int64_t hidden, uint16_t* out) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   const bool ok = id >= 0 && id < vocab;
@@ -109,6 +111,7 @@ __global__ void embedding_kernel(const int32_t* ids, const uint16_t* table, int6
 // Generic version (any hidden).
 __global__ void layer_norm_kernel(const uint16_t* x, const uint16_t* w, const uint16_t* b,
                                   int64_t hidden, float eps, uint16_t* out) {
+  pdl_enter();
   __shared__ float scratch[32];
   const uint16_t* xr = x + blockIdx.x * hidden;
   uint16_t* yr = out + blockIdx.x * hidden;
@@ -131,6 +134,7 @@ __global__ void layer_norm_kernel(const uint16_t* x, const uint16_t* w, const ui
 constexpr int kLnChunks = 4;
 __global__ void layer_norm_vec_kernel(const uint16_t* x, const uint16_t* w, const uint16_t* b,
                                       int64_t hidden, float eps, uint16_t* out) {
+  pdl_enter();
   __shared__ float scratch[32];
   const int n_chunks = static_cast<int>(hidden / 8);
   const uint4* xr = reinterpret_cast<const uint4*>(x + blockIdx.x * hidden);
@@ -182,6 +186,7 @@ __device__ __forceinline__ float gelu_f(float v) {
 
 // 8 bf16 per thread (16-byte loads) when n % 8 == 0, else one.
 __global__ void gelu_kernel(uint16_t* x, int64_t n) {
+  pdl_enter();
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   if (n % 8 == 0) {
     uint4* v = reinterpret_cast<uint4*>(x);
@@ -203,6 +208,7 @@ __global__ void gelu_kernel(uint16_t* x, int64_t n) {
 
 __global__ void add_bias_kernel(void* out, bool f32_out, const uint16_t* bias, int64_t n,
                                 int64_t cols) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float b = ld_bf16(bias, i % cols);
@@ -217,6 +223,7 @@ __global__ void add_bias_kernel(void* out, bool f32_out, const uint16_t* bias, i
 
 __global__ void add_kernel(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out,
                            int64_t n) {
+  pdl_enter();
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   if (n % 8 == 0) {
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n / 8; i += stride) {
@@ -244,6 +251,7 @@ __global__ void add_kernel(const uint16_t* a, const uint16_t* b, const uint16_t*
 
 __global__ void gather_rows_kernel(const char* x, const int32_t* idx, int64_t n_rows,
                                    int64_t row_bytes, char* out) {
+  pdl_enter();
   const int64_t r = blockIdx.x;
   const int32_t src = idx[r];
   const bool ok = src >= 0 && src < n_rows;
@@ -259,6 +267,7 @@ __global__ void gather_rows_kernel(const char* x, const int32_t* idx, int64_t n_
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) {
+  pdl_enter();
   __shared__ float best_v[32];
   __shared__ int32_t best_i[32];
   const float* row = logits + blockIdx.x * vocab;
@@ -306,6 +315,7 @@ __global__ void argmax_kernel(const float* logits, int64_t vocab, int32_t* out) 
 // One block per row: the argmax as argmax_kernel, then the row's sum of
 // exp(x - max) for the top token's log-softmax, -log(sum).
 __global__ void greedy_kernel(const float* logits, int64_t vocab, int32_t* ids, float* logprobs) {
+  pdl_enter();
   __shared__ float best_v[32];
   __shared__ int32_t best_i[32];
   __shared__ float scratch[32];
@@ -350,6 +360,7 @@ __global__ void greedy_kernel(const float* logits, int64_t vocab, int32_t* ids, 
 __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const float* sin,
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
                                   uint16_t* q, uint16_t* k, uint16_t* v) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t group = n_heads / n_kv_heads, half = head_dim / 2;
   const int64_t hs = blockIdx.y * int64_t{blockDim.y} + threadIdx.y;
@@ -383,6 +394,7 @@ __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const f
 __global__ void kv_write_kernel(const uint16_t* k, const uint16_t* v, const int64_t* slots,
                                 int64_t row, int64_t n_slots, uint16_t* k_cache,
                                 uint16_t* v_cache) {
+  pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0 || slot >= n_slots) return;
@@ -420,7 +432,8 @@ void random_uniform(void* dst, bool bf16_out, int64_t n, uint64_t seed, float am
 void embedding(const int32_t* ids, const uint16_t* table, int64_t n_tokens, int64_t vocab,
                int64_t hidden, uint16_t* out, cudaStream_t s) {
   if (n_tokens == 0) return;
-  embedding_kernel<<<static_cast<unsigned>(n_tokens), 256, 0, s>>>(ids, table, vocab, hidden, out);
+  pdl_launch(embedding_kernel, static_cast<unsigned>(n_tokens), 256, 0, s, ids, table, vocab,
+             hidden, out);
 }
 
 void layer_norm(const uint16_t* x, const uint16_t* w, const uint16_t* b, int64_t n_tokens,
@@ -433,49 +446,50 @@ void layer_norm(const uint16_t* x, const uint16_t* w, const uint16_t* b, int64_t
     if (threads < 128 && chunks >= 128) threads = 128;  // more loads in flight
     threads = threads < 32 ? 32 : threads;
     if (threads <= 1024) {
-      layer_norm_vec_kernel<<<static_cast<unsigned>(n_tokens), threads, 0, s>>>(x, w, b, hidden,
-                                                                                eps, out);
+      pdl_launch(layer_norm_vec_kernel, static_cast<unsigned>(n_tokens), threads, 0, s, x, w, b,
+                 hidden, eps, out);
       return;
     }
   }
   const int threads = hidden >= 1024 ? 512 : hidden >= 256 ? 256 : 64;
-  layer_norm_kernel<<<static_cast<unsigned>(n_tokens), threads, 0, s>>>(x, w, b, hidden, eps, out);
+  pdl_launch(layer_norm_kernel, static_cast<unsigned>(n_tokens), threads, 0, s, x, w, b, hidden,
+             eps, out);
 }
 
 void gelu(uint16_t* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  gelu_kernel<<<grid_for(n, 256), 256, 0, s>>>(x, n);
+  pdl_launch(gelu_kernel, grid_for(n, 256), 256, 0, s, x, n);
 }
 
 void add_bias(void* out, bool f32_out, const uint16_t* bias, int64_t rows, int64_t cols,
               cudaStream_t s) {
   const int64_t n = rows * cols;
   if (n == 0) return;
-  add_bias_kernel<<<grid_for(n, 256), 256, 0, s>>>(out, f32_out, bias, n, cols);
+  pdl_launch(add_bias_kernel, grid_for(n, 256), 256, 0, s, out, f32_out, bias, n, cols);
 }
 
 void add(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out, int64_t n,
          cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<grid_for(n, 256), 256, 0, s>>>(a, b, c, out, n);
+  pdl_launch(add_kernel, grid_for(n, 256), 256, 0, s, a, b, c, out, n);
 }
 
 void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, int64_t row_bytes,
                  void* out, cudaStream_t s) {
   if (n == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(
-      static_cast<const char*>(x), idx, n_rows, row_bytes, static_cast<char*>(out));
+  pdl_launch(gather_rows_kernel, static_cast<unsigned>(n), 256, 0, s, static_cast<const char*>(x),
+             idx, n_rows, row_bytes, static_cast<char*>(out));
 }
 
 void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cudaStream_t s) {
   if (n == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(n), 1024, 0, s>>>(logits, vocab, out);
+  pdl_launch(argmax_kernel, static_cast<unsigned>(n), 1024, 0, s, logits, vocab, out);
 }
 
 void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
                  cudaStream_t s) {
   if (n == 0) return;
-  greedy_kernel<<<static_cast<unsigned>(n), 1024, 0, s>>>(logits, vocab, ids, logprobs);
+  pdl_launch(greedy_kernel, static_cast<unsigned>(n), 1024, 0, s, logits, vocab, ids, logprobs);
 }
 
 void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,
@@ -485,15 +499,15 @@ void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t
   const int64_t group = n_heads / n_kv_heads;
   const int64_t slots = n_kv_heads * (group + 2);
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>((slots + 7) / 8));
-  qkv_rotary_kernel<<<grid, dim3(32, 8), 0, s>>>(qkv, cos, sin, n_heads, n_kv_heads, head_dim, q, k,
-                                                 v);
+  pdl_launch(qkv_rotary_kernel, grid, dim3(32, 8), 0, s, qkv, cos, sin, n_heads, n_kv_heads,
+             head_dim, q, k, v);
 }
 
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
               int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s) {
   if (n_tokens == 0) return;
-  kv_write_kernel<<<static_cast<unsigned>(n_tokens), 128, 0, s>>>(k, v, slots, row, n_slots,
-                                                                  k_cache, v_cache);
+  pdl_launch(kv_write_kernel, static_cast<unsigned>(n_tokens), 128, 0, s, k, v, slots, row, n_slots,
+             k_cache, v_cache);
 }
 
 }  // namespace kestrel::cuda::kernels

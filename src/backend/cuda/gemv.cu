@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace kestrel::cuda::kernels {
 namespace {
@@ -62,13 +63,27 @@ __device__ __forceinline__ void store_epilogue(float y, bool gelu, bool accumula
   }
 }
 
+// Rows [row0, row0 + rows) of w [n, kc chunks of 16 bytes], clipped to n, asked of L2: weights
+// are written by no kernel of a forward, so this may run before pdl_wait.
+__device__ __forceinline__ void prefetch_rows(const uint4* w, int64_t n, int64_t kc, int64_t row0,
+                                              int64_t rows) {
+  const int64_t end = min(row0 + rows, n);
+  if (end <= row0) return;
+  const int64_t bytes = (end - row0) * kc * 16;
+  const char* p = reinterpret_cast<const char*>(w + row0 * kc);
+  for (int64_t off = 0; off < bytes; off += int64_t{1} << 20)  // <= 1 MiB a request
+    prefetch_l2(p + off, static_cast<uint32_t>(min(bytes - off, int64_t{1} << 20)));
+}
+
 // x [M, kc] and w [n, kc] in 16-byte chunks (kc = K / 8); out [M, n]; bias [n] or null.
 template <int M, int R, int U>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                 const uint16_t* __restrict__ bias, int64_t n, int64_t kc, bool gelu,
-                bool accumulate, const uint16_t* addend, void* out, bool f32_out) {
+                bool accumulate, const uint16_t* addend, void* out, bool f32_out, bool prefetch) {
   const int lane = threadIdx.x & 31;
+  if (prefetch && threadIdx.x == 0) prefetch_rows(w, n, kc, int64_t{blockIdx.x} * 4 * R, 4 * R);
+  pdl_enter();
   const int64_t row0 =
       (int64_t{blockIdx.x} * (kGemvThreads / 32) + static_cast<int>(threadIdx.x >> 5)) * R;
   if (row0 >= n) return;
@@ -132,11 +147,14 @@ template <int M, int R, int U>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_split_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                       const uint16_t* __restrict__ bias, int64_t n, int64_t kc, bool gelu,
-                      bool accumulate, const uint16_t* addend, void* out, bool f32_out) {
+                      bool accumulate, const uint16_t* addend, void* out, bool f32_out,
+                      bool prefetch) {
   constexpr int kWarps = kGemvThreads / 32;
   __shared__ float part[kWarps][M * R];
   const int lane = threadIdx.x & 31, warp = static_cast<int>(threadIdx.x >> 5);
   const int64_t row0 = int64_t{blockIdx.x} * R;
+  if (prefetch && threadIdx.x == 0) prefetch_rows(w, n, kc, row0, R);
+  pdl_enter();
   const uint4* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) wr[r] = w + min(row0 + r, n - 1) * kc;
@@ -195,6 +213,7 @@ __global__ void __launch_bounds__(kGemvThreads)
 __global__ void linear_epilogue_kernel(const float* y, const uint16_t* bias, int64_t total,
                                        int64_t cols, bool gelu, bool accumulate, void* out,
                                        bool f32_out) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float b = bias ? bf16_bits_to_f32(bias[i % cols]) : 0.0f;
@@ -207,18 +226,20 @@ template <int M>
 void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias, int64_t n,
               int64_t kc, bool gelu, bool accumulate, const uint16_t* addend, void* out,
               bool f32_out, cudaStream_t s) {
+  // Only worth it where the kernel may start early (a programmatic dependent).
+  const bool prefetch = gemv_prefetch_enabled() && pdl_for(s);
   auto go = [&](auto kernel, int r) {
     const int64_t rows_per_block = int64_t{kGemvThreads / 32} * r;
     const unsigned blocks = static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block);
-    kernel<<<blocks, kGemvThreads, 0, s>>>(x, w, bias, n, kc, gelu, accumulate, addend, out,
-                                           f32_out);
+    pdl_launch(kernel, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu, accumulate, addend, out,
+               f32_out, prefetch);
   };
   if (variant == 4) {
     constexpr int kR = M <= 4 ? 2 : 1;
     constexpr int kU = M <= 2 ? 4 : 2;
     const unsigned blocks = static_cast<unsigned>((n + kR - 1) / kR);
-    gemv_split_kernel<M, kR, kU>
-        <<<blocks, kGemvThreads, 0, s>>>(x, w, bias, n, kc, gelu, accumulate, addend, out, f32_out);
+    pdl_launch(gemv_split_kernel<M, kR, kU>, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu,
+               accumulate, addend, out, f32_out, prefetch);
     return;
   }
   switch (variant) {
@@ -275,8 +296,8 @@ void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t
   const int64_t total = rows * cols;
   if (total == 0) return;
   const int64_t want = (total + 255) / 256, blocks = want < 4096 ? want : 4096;
-  linear_epilogue_kernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(y, bias, total, cols, gelu,
-                                                                       accumulate, out, f32_out);
+  pdl_launch(linear_epilogue_kernel, static_cast<unsigned>(blocks), 256, 0, s, y, bias, total, cols,
+             gelu, accumulate, out, f32_out);
 }
 
 }  // namespace kestrel::cuda::kernels

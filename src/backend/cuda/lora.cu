@@ -19,6 +19,7 @@
 #include <cstring>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace kestrel::cuda::kernels {
 namespace {
@@ -64,19 +65,6 @@ __device__ __forceinline__ void load_w(const uint16_t* p, bool f16, float (&f)[E
 #pragma unroll
     for (int i = 0; i < E; ++i) f[i] = f16 ? hf(p[i]) : bf(p[i]);
   }
-}
-
-// Programmatic dependent launch (sm_90): no-ops where the kernel was launched plainly.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
 }
 
 // One warp's rank of one tile over one split (the shrink kernel's body, E as there).
@@ -144,7 +132,9 @@ __global__ void __launch_bounds__(kThreads, 4)
     lora_shrink_kernel(const LoraSegDesc* __restrict__ table, const uint16_t* __restrict__ x,
                        int64_t in, int64_t chunk, int rank_groups, float* __restrict__ vp,
                        int v_stride, int64_t split_stride) {
-  pdl_launch_dependents();  // the expand's blocks may start their loads of b and out now
+  // The base linear's out and x are complete from the wait on; then the expand's blocks may
+  // start their loads of b and out.
+  pdl_enter();
   const LoraSegDesc sd = table[blockIdx.y];
   const int split = static_cast<int>(blockIdx.z) / rank_groups;
   const int group = static_cast<int>(blockIdx.z) % rank_groups;
@@ -191,6 +181,7 @@ __device__ __forceinline__ void expand_block(const LoraSegDesc& sd, int row0,
   }
 
   pdl_wait();  // the shrink's vp is complete and visible from here on
+  pdl_trigger();
   __shared__ float vs[ROWS][kMaxLoraRank];
   for (int i = threadIdx.x; i < n_rows * r; i += kThreads) {
     const int t = i / r, j = i % r;
@@ -266,6 +257,7 @@ __global__ void __launch_bounds__(kThreads, 4)
   const int row0 = sd.begin + static_cast<int>(blockIdx.x) * ROWS;
   if (row0 >= sd.end) {
     pdl_wait();  // every block waits, so this grid never ends before the shrink
+    pdl_trigger();
     return;
   }
   if (VEC == 1 || (VEC == 2 && (sd.vec & kLoraVecB)))
@@ -336,18 +328,19 @@ void launch(const LoraSegDesc* table, int n_segments, int max_rows, int max_r, b
   const dim3 gs(static_cast<unsigned>(tiles), static_cast<unsigned>(n_segments),
                 static_cast<unsigned>(splits * groups));
   if (vec_in)
-    lora_shrink_kernel<8, ROWS>
-        <<<gs, kThreads, 0, s>>>(table, x, in, chunk, groups, v, max_r, split_stride);
+    pdl_launch(lora_shrink_kernel<8, ROWS>, gs, kThreads, 0, s, table, x, in, chunk, groups, v,
+               max_r, split_stride);
   else
-    lora_shrink_kernel<1, ROWS>
-        <<<gs, kThreads, 0, s>>>(table, x, in, chunk, groups, v, max_r, split_stride);
+    pdl_launch(lora_shrink_kernel<1, ROWS>, gs, kThreads, 0, s, table, x, in, chunk, groups, v,
+               max_r, split_stride);
   const bool wide = ROWS == 1 && wide_enabled() &&
                     tiles * n_segments * ceil_div(out_dim, 2 * kThreads) >= kWideBlocks;
   const dim3 ge(static_cast<unsigned>(tiles), static_cast<unsigned>(n_segments),
                 static_cast<unsigned>(ceil_div(out_dim, (wide ? 2 : 1) * kThreads)));
   // PDL only with more than one tile: decode batch 1 is bound by the host, where
   // cudaLaunchKernelEx costs more than a plain launch (1.69 against 1.40 ms a step measured).
-  const bool pdl = pdl_enabled() && tiles * n_segments > 1;
+  // In a capture the host's cost is paid once: PDL there at every size.
+  const bool pdl = pdl_enabled() && (tiles * n_segments > 1 || pdl_for(s));
   const float* vc = v;
   if (vec_b && wide)
     launch_expand(lora_expand_kernel<1, 2, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
@@ -403,11 +396,11 @@ void lora_add_graph(const LoraSegDesc* table, int n_segments, int max_r, bool x_
   const int64_t split_stride = rows * max_r;
   const dim3 gs(1, static_cast<unsigned>(n_segments), static_cast<unsigned>(splits * groups));
   if (x_vec)
-    lora_shrink_kernel<0, 1>
-        <<<gs, kThreads, 0, s>>>(table, x, in, chunk, groups, v, max_r, split_stride);
+    pdl_launch(lora_shrink_kernel<0, 1>, gs, kThreads, 0, s, table, x, in, chunk, groups, v, max_r,
+               split_stride);
   else
-    lora_shrink_kernel<1, 1>
-        <<<gs, kThreads, 0, s>>>(table, x, in, chunk, groups, v, max_r, split_stride);
+    pdl_launch(lora_shrink_kernel<1, 1>, gs, kThreads, 0, s, table, x, in, chunk, groups, v, max_r,
+               split_stride);
   const bool wide = wide_enabled() && n_segments * ceil_div(out_dim, 2 * kThreads) >= kWideBlocks;
   const dim3 ge(1, static_cast<unsigned>(n_segments),
                 static_cast<unsigned>(ceil_div(out_dim, (wide ? 2 : 1) * kThreads)));

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace kestrel::cuda::kernels {
 namespace {
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(kThreads)
                           const int32_t* seen_off, const int32_t* seen_ids, const int32_t* gen_off,
                           const int32_t* gen_ids, const int32_t* gen_counts, float* x, float* probs,
                           int32_t* iota, int32_t* out_ids) {
+  pdl_enter();
   __shared__ float fscratch[32];
   __shared__ double dscratch[32];
   __shared__ int32_t best_i[32];
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     sample_typical_kernel(const float* sorted_p, int64_t vocab, const int32_t* cut_m,
                           const double* cut_s, double* dev_keys, int32_t* ranks) {
+  pdl_enter();
   __shared__ double scratch[32];
   const int64_t r = blockIdx.x;
   const float* sp = sorted_p + r * vocab;
@@ -174,6 +177,7 @@ __device__ ChunkScan chunk_scan(int64_t n, Load load) {
 __global__ void __launch_bounds__(kThreads)
     sample_cut_kernel(const float* sorted_p, int64_t vocab, const SampleRowParams* params,
                       int32_t* cut_m, double* cut_s) {
+  pdl_enter();
   __shared__ double dscratch[32];
   const int64_t r = blockIdx.x;
   const SampleRowParams p = params[r];
@@ -215,6 +219,7 @@ __global__ void __launch_bounds__(kThreads)
                        const double* cut_s, int64_t vocab, const SampleRowParams* params,
                        uint8_t* keep, int32_t* out_ids, float* out_logprobs, int32_t* alt_ids,
                        float* alt_logprobs, int32_t max_top_n) {
+  pdl_enter();
   __shared__ double dscratch[32];
   __shared__ int32_t pick;
   const int64_t r = blockIdx.x;
@@ -349,6 +354,7 @@ Layout layout(int64_t n, int64_t vocab, bool typical) {
 }
 
 __global__ void offsets_kernel(int32_t* off, int64_t n, int64_t vocab) {
+  pdl_enter();
   for (int64_t i = threadIdx.x + blockIdx.x * int64_t{blockDim.x}; i <= n;
        i += blockDim.x * int64_t{gridDim.x})
     off[i] = static_cast<int32_t>(i * vocab);
@@ -373,17 +379,16 @@ void sample_rows(const SampleRowsArgs& a, void* workspace, cudaStream_t s) {
   int32_t* off = reinterpret_cast<int32_t*>(w + l.offsets);
   const unsigned n = static_cast<unsigned>(a.n_rows);
   const int nv = static_cast<int>(a.n_rows * a.vocab);
-  offsets_kernel<<<1, 256, 0, s>>>(off, a.n_rows, a.vocab);
-  sample_prepare_kernel<<<n, kThreads, 0, s>>>(a.logits, a.vocab, a.params, a.seen_off, a.seen_ids,
-                                               a.gen_off, a.gen_ids, a.gen_counts, x, probs, iota,
-                                               a.out_ids);
+  pdl_launch(offsets_kernel, 1, 256, 0, s, off, a.n_rows, a.vocab);
+  pdl_launch(sample_prepare_kernel, n, kThreads, 0, s, a.logits, a.vocab, a.params, a.seen_off,
+             a.seen_ids, a.gen_off, a.gen_ids, a.gen_counts, x, probs, iota, a.out_ids);
   size_t cub1 = l.cub1_bytes;
   cub::DeviceSegmentedRadixSort::SortPairsDescending(w + l.cub1, cub1, probs, sorted_p, iota,
                                                      sorted_id, nv, static_cast<int>(n), off,
                                                      off + 1, 0, 32, s);
   int32_t* cut_m = reinterpret_cast<int32_t*>(w + l.cut_m);
   double* cut_s = reinterpret_cast<double*>(w + l.cut_s);
-  sample_cut_kernel<<<n, kThreads, 0, s>>>(sorted_p, a.vocab, a.params, cut_m, cut_s);
+  pdl_launch(sample_cut_kernel, n, kThreads, 0, s, sorted_p, a.vocab, a.params, cut_m, cut_s);
   int32_t* ranks_sorted = nullptr;
   double* keys_sorted = nullptr;
   if (a.typical) {
@@ -391,15 +396,16 @@ void sample_rows(const SampleRowsArgs& a, void* workspace, cudaStream_t s) {
     keys_sorted = reinterpret_cast<double*>(w + l.dev_keys_sorted);
     int32_t* ranks = reinterpret_cast<int32_t*>(w + l.ranks);
     ranks_sorted = reinterpret_cast<int32_t*>(w + l.ranks_sorted);
-    sample_typical_kernel<<<n, kThreads, 0, s>>>(sorted_p, a.vocab, cut_m, cut_s, keys, ranks);
+    pdl_launch(sample_typical_kernel, n, kThreads, 0, s, sorted_p, a.vocab, cut_m, cut_s, keys,
+               ranks);
     size_t cub2 = l.cub2_bytes;
     cub::DeviceSegmentedRadixSort::SortPairs(w + l.cub2, cub2, keys, keys_sorted, ranks,
                                              ranks_sorted, nv, static_cast<int>(n), off, off + 1, 0,
                                              64, s);
   }
-  sample_draw_kernel<<<n, kThreads, 0, s>>>(probs, sorted_p, sorted_id, ranks_sorted, keys_sorted,
-                                            cut_m, cut_s, a.vocab, a.params, keep, a.out_ids,
-                                            a.out_logprobs, a.alt_ids, a.alt_logprobs, a.max_top_n);
+  pdl_launch(sample_draw_kernel, n, kThreads, 0, s, probs, sorted_p, sorted_id, ranks_sorted,
+             keys_sorted, cut_m, cut_s, a.vocab, a.params, keep, a.out_ids, a.out_logprobs,
+             a.alt_ids, a.alt_logprobs, a.max_top_n);
   if (a.keep_out != nullptr) {
     cudaMemcpyAsync(a.keep_out, keep, static_cast<size_t>(nv), cudaMemcpyDeviceToDevice, s);
   }
