@@ -113,6 +113,9 @@ std::vector<Case> cases() {
   v.push_back({37, 256, 1000, true, false, false, true});
   v.push_back({300, 192, 96, true, true, true, true});
   v.push_back({64, 4544, 4544, true, false, true, true});
+  // cuBLASLt's GELU epilogue (bf16 out, no accumulate): falcon-7b's fc1 at decode batch 128.
+  v.push_back({128, 4544, 18176, false, false, true, false});
+  v.push_back({48, 640, 2560, true, false, true, false});
   return v;
 }
 

@@ -13,6 +13,7 @@
 // the scale when given slopes (positions absolute: chunks and splits agree).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
@@ -723,13 +724,18 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
 }
 
 // Merges the splits of each (token, head): every split wrote its partial
-// (an empty one: zeros with lse -inf). grid (T * n_heads), block D threads.
+// (an empty one: zeros with lse -inf). block (D, kCombineRows): a row of threads per
+// (token, head), kCombineRows of them a block (one (token, head) a block of 64 threads made
+// 9,088 blocks at decode batch 128 and took 13 us on the H200).
+constexpr int kCombineRows = 4;
+
 __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const float* o_part,
                                          const float* lse_part) {
   pdl_enter();
-  const int64_t th = blockIdx.x;
-  const int d = static_cast<int>(p.head_dim);
+  const int64_t th = int64_t{blockIdx.x} * kCombineRows + threadIdx.y;
   const int64_t stride = p.n_tokens * p.n_heads;  // between splits
+  if (th >= stride) return;
+  const int d = static_cast<int>(p.head_dim);
   float m = -INFINITY;
   for (int s = 0; s < n_splits; ++s) m = fmaxf(m, lse_part[s * stride + th]);
   for (int dim = threadIdx.x; dim < d; dim += blockDim.x) {
@@ -830,14 +836,21 @@ void launch_v3_rows(const AttentionParams& p, int version, int rows, int n_split
 // Splits over the context when the (tile, sequence, K/V head) grid would leave
 // most multiprocessors idle; down to one key tile a split (a block's key
 // loop is latency-bound: on the H200, a decode step's 2-tile blocks took
-// 12 us, 1-tile ones 7 us).
+// 12 us, 1-tile ones 7 us). Not once the grid fills half the multiprocessors: at falcon-7b
+// decode batch 128 (128 blocks of 3 tiles) 3 splits took 16 us and their combine 13 us, more
+// than the unsplit kernel. KESTREL_ATTN_SPLITS=N forces N (benchmarks).
 int choose_splits(const AttentionParams& p, int rows, int n_sms) {
+  static const int forced = [] {
+    const char* e = std::getenv("KESTREL_ATTN_SPLITS");
+    return e ? std::atoi(e) : 0;
+  }();
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
   const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + rows - 1) / rows;
   const int64_t base = m_tiles * p.n_seqs * p.n_kv_heads;
-  if (base >= n_sms || p.n_tokens > 512) return 1;
+  const int64_t by_len = std::max<int64_t>(1, (p.max_kv_len + kBlockN - 1) / kBlockN);
+  if (forced > 0) return static_cast<int>(std::min<int64_t>({forced, by_len, 32}));
+  if (2 * base > n_sms || p.n_tokens > 512) return 1;
   int64_t splits = (2 * n_sms + base - 1) / base;
-  const int64_t by_len = (p.max_kv_len + kBlockN - 1) / kBlockN;
   if (splits > by_len) splits = by_len;
   if (splits > 32) splits = 32;
   return splits < 1 ? 1 : static_cast<int>(splits);
@@ -878,8 +891,10 @@ void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStr
                      : launch_v3_rows<128>(p, version, rows, splits, o_part, lse_part, s);
   }
   if (splits > 1) {
-    pdl_launch(attention_combine_kernel, static_cast<unsigned>(p.n_tokens * p.n_heads),
-               static_cast<unsigned>(p.head_dim), 0, s, p, splits, o_part, lse_part);
+    const int64_t pairs = p.n_tokens * p.n_heads;
+    pdl_launch(
+        attention_combine_kernel, static_cast<unsigned>((pairs + kCombineRows - 1) / kCombineRows),
+        dim3(static_cast<unsigned>(p.head_dim), kCombineRows), 0, s, p, splits, o_part, lse_part);
   }
 }
 
