@@ -242,7 +242,8 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   KESTREL_CHECK(!epilogue.accumulate || out.raw() != x.raw(),
                 "linear: accumulate needs out apart from x");
   if (epilogue.addend) {
-    KESTREL_CHECK(epilogue.accumulate, "linear: an addend needs accumulate");
+    KESTREL_CHECK(epilogue.addend->raw() != out.raw() && epilogue.addend->raw() != x.raw(),
+                  "linear: the addend must be apart from out and x");
     KESTREL_CHECK(epilogue.addend->shape() == out.shape() &&
                       epilogue.addend->dtype() == out.dtype() &&
                       epilogue.addend->device() == out.device(),
@@ -266,8 +267,8 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
   KESTREL_DISPATCH(a, add, a, b, c, out);
 }
 
-void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
-                Tensor& v) {
+static void check_qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                             const Tensor& q, const Tensor& k, const Tensor& v) {
   expect("qkv_rotary", "q", q, act_dtype(q), 3);
   expect("qkv_rotary", "k", k, act_dtype(q), 3);
   const bool rotate = cos.defined() || sin.defined();
@@ -287,11 +288,10 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
                             cos.dim(0) == n_tokens && cos.dim(1) == head_dim / 2),
                 "qkv_rotary: cos/sin ", shape_str(cos.shape()), " / ", shape_str(sin.shape()),
                 " for ", n_tokens, " tokens of head_dim ", head_dim);
-  KESTREL_DISPATCH(q, qkv_rotary, qkv, cos, sin, q, k, v);
 }
 
-void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
-              Tensor& v_cache) {
+static void check_kv_write(const Tensor& k, const Tensor& v, const Tensor& slots,
+                           const Tensor& k_cache, const Tensor& v_cache) {
   expect("kv_write", "slots", slots, DType::kI64, 1);
   KESTREL_CHECK(k.ndim() == 3 && k.shape() == v.shape() && slots.dim(0) == k.dim(0), "kv_write: k ",
                 shape_str(k.shape()), ", v ", shape_str(v.shape()), ", slots ",
@@ -301,7 +301,33 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
                 "kv_write: cache ", shape_str(k_cache.shape()), " for k ", shape_str(k.shape()));
   KESTREL_CHECK(k_cache.dtype() == k.dtype(), "kv_write: cache dtype ", dtype_name(k_cache.dtype()),
                 " vs k ", dtype_name(k.dtype()));
+}
+
+void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
+                Tensor& v) {
+  check_qkv_rotary(qkv, cos, sin, q, k, v);
+  KESTREL_DISPATCH(q, qkv_rotary, qkv, cos, sin, q, k, v);
+}
+
+void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
+              Tensor& v_cache) {
+  check_kv_write(k, v, slots, k_cache, v_cache);
   KESTREL_DISPATCH(k, kv_write, k, v, slots, k_cache, v_cache);
+}
+
+void qkv_rotary_kv_write(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                         const Tensor& slots, Tensor& q, Tensor& k, Tensor& v, Tensor& k_cache,
+                         Tensor& v_cache) {
+#ifdef KESTREL_CUDA
+  if (q.device() == Device::kCuda) {
+    check_qkv_rotary(qkv, cos, sin, q, k, v);
+    check_kv_write(k, v, slots, k_cache, v_cache);
+    cuda::qkv_rotary_kv_write(qkv, cos, sin, slots, q, k_cache, v_cache);
+    return;
+  }
+#endif
+  qkv_rotary(qkv, cos, sin, q, k, v);
+  kv_write(k, v, slots, k_cache, v_cache);
 }
 
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -53,9 +53,9 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 
 // What linear does with y = x @ weight^T (+ bias) before it lands in out.
 // gelu: y = gelu(y), exact (erf) form, as ops::gelu. accumulate: out += y (a residual
-// add, cuBLAS's beta = 1) instead of out = y; with addend (accumulate only; out's shape and
-// dtype): out += y + *addend, summed in fp32 and rounded once (parallel attention's
-// x += attn + mlp).
+// add, cuBLAS's beta = 1) instead of out = y. addend (out's shape and dtype, apart from out):
+// out = y + *addend (cuBLAS's C matrix), or with accumulate out += y + *addend, summed in
+// fp32 and rounded once.
 struct LinearEpilogue {
   bool gelu = false;
   bool accumulate = false;
@@ -85,6 +85,13 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
 // [num_blocks, block_size, n_kv_heads, d].
 void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
               Tensor& v_cache);
+
+// qkv_rotary, then kv_write of its k and v: q as there, K and V into their cache slots. k and v
+// are scratch of their shapes: the CPU goes through them, CUDA writes the caches from the one
+// kernel and leaves them untouched.
+void qkv_rotary_kv_write(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                         const Tensor& slots, Tensor& q, Tensor& k, Tensor& v, Tensor& k_cache,
+                         Tensor& v_cache);
 
 // Attention over the paged cache. Sequence b's new tokens are rows
 // [cu_q[b], cu_q[b+1]) of q; it has kv_lens[b] tokens in the cache (its new

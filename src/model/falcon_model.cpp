@@ -308,8 +308,7 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
     ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv);
     lora.add(l, LoraModule::kQkv, ln_a, qkv);
-    ops::qkv_rotary(qkv, cos, sin, q, k, v);
-    ops::kv_write(k, v, slots, cache.k(l), cache.v(l));
+    ops::qkv_rotary_kv_write(qkv, cos, sin, slots, q, k, v, cache.k(l), cache.v(l));
     ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
                          max_q_len, alibi_slopes_);
     const Tensor attn_flat = attn.view({n_tokens, c.n_heads * d});
@@ -324,7 +323,10 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     };
     const ops::LinearEpilogue into_x{.accumulate = true};  // residual adds: x += linear(...)
     if (c.parallel_attn && !tp_.comm) {
-      // x += attn_out + fc2(gelu(fc1(ln))) in fc2's epilogue, rounded once as the 3-way add was.
+      // x += attn_out + fc2(gelu(fc1(ln))) in fc2's epilogue, rounded once as the 3-way add was
+      // (attn_out = x + dense first, then x = attn_out + fc2 through cuBLASLt's C, saved the
+      // add's pass but rounded twice: lora-falcon40b-gqa's graphs went to 0.022 of the CPU's
+      // logits against the 0.02 bound).
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
       ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
       lora.add(l, LoraModule::kDense, attn_flat, attn_out);

@@ -483,6 +483,56 @@ TEST(CudaOps, KvWrite) {
   EXPECT_EQ(gpu_error(gvc, vc), 0.0);
 }
 
+// The fused op (one kernel on CUDA) against the CPU's qkv_rotary + kv_write: rotated and not,
+// MQA / GQA / MHA, block sizes 16 and 32, padding rows (slot -1) that must write nothing.
+TEST(CudaOps, QkvRotaryKvWrite) {
+  REQUIRE_GPU();
+  for (auto [n, heads, kv_heads, d, bs, rotate] : {std::tuple{33, 71, 1, 64, 16, true},
+                                                   {5, 8, 2, 128, 32, true},
+                                                   {9, 4, 4, 16, 16, true},
+                                                   {7, 12, 12, 64, 32, false},
+                                                   {40, 32, 8, 64, 16, true}}) {
+    const int64_t blocks = (n + bs - 1) / bs + 3;
+    Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
+    Tensor cos = rotate ? random_host({n, d / 2}) : Tensor();
+    Tensor sin = rotate ? random_host({n, d / 2}) : Tensor();
+    std::vector<int64_t> slots(blocks * bs);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng());
+    slots.resize(n);
+    Tensor t_slots = Tensor::empty(DType::kI64, {n});
+    std::copy(slots.begin(), slots.end(), t_slots.data<int64_t>());
+    // Row n / 2 is padding on CUDA (slot -1, skipped; the CPU refuses it): the CPU writes it
+    // to its slot, which then gets its old contents back below.
+    const int64_t pad_slot = slots[n / 2], row = kv_heads * d;
+    Tensor g_slots = Tensor::empty(DType::kI64, {n});
+    std::copy(slots.begin(), slots.end(), g_slots.data<int64_t>());
+    g_slots.data<int64_t>()[n / 2] = -1;
+    Tensor q = Tensor::empty(DType::kF32, {n, heads, d});
+    Tensor k = Tensor::empty(DType::kF32, {n, kv_heads, d}),
+           v = Tensor::empty(DType::kF32, {n, kv_heads, d});
+    Tensor kc = random_host({blocks, bs, kv_heads, d}), vc = random_host({blocks, bs, kv_heads, d});
+    Tensor gkc = to_gpu_bf16(kc), gvc = to_gpu_bf16(vc);
+    const std::vector<float> k_old(kc.data<float>() + pad_slot * row,
+                                   kc.data<float>() + (pad_slot + 1) * row);
+    const std::vector<float> v_old(vc.data<float>() + pad_slot * row,
+                                   vc.data<float>() + (pad_slot + 1) * row);
+    ops::qkv_rotary_kv_write(qkv, cos, sin, t_slots, q, k, v, kc, vc);
+    std::copy(k_old.begin(), k_old.end(), kc.data<float>() + pad_slot * row);
+    std::copy(v_old.begin(), v_old.end(), vc.data<float>() + pad_slot * row);
+    Tensor gq = poisoned_gpu({n, heads, d}), gk = poisoned_gpu({n, kv_heads, d}),
+           gv = poisoned_gpu({n, kv_heads, d});
+    const auto dev = [](const Tensor& t) {
+      return t.defined() ? ops::to_device(t, Device::kCuda) : Tensor();
+    };
+    ops::qkv_rotary_kv_write(to_gpu_bf16(qkv), dev(cos), dev(sin), dev(g_slots), gq, gk, gv, gkc,
+                             gvc);
+    EXPECT_LE(gpu_error(gq, q), kElementwiseBound) << heads << "/" << kv_heads << " d" << d;
+    EXPECT_LE(gpu_error(gkc, kc), kElementwiseBound) << heads << "/" << kv_heads << " d" << d;
+    EXPECT_EQ(gpu_error(gvc, vc), 0.0) << heads << "/" << kv_heads << " d" << d;
+  }
+}
+
 }  // namespace
 }  // namespace kestrel
 

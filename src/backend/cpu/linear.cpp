@@ -61,7 +61,7 @@ void matmul_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, Tens
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
-  if (!epilogue.gelu && !epilogue.accumulate) {
+  if (!epilogue.gelu && !epilogue.accumulate && !epilogue.addend) {
     matmul_bias(x, weight, bias, out);
     return;
   }

@@ -273,6 +273,24 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
   CUDA_CHECK_LAUNCH();
 }
 
+void qkv_rotary_kv_write(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                         const Tensor& slots, Tensor& q, Tensor& k_cache, Tensor& v_cache) {
+  need("qkv_rotary_kv_write", "qkv", qkv, DType::kBF16);
+  const bool rotary = cos.defined();
+  if (rotary) need("qkv_rotary_kv_write", "cos", cos, DType::kF32);
+  if (rotary) need("qkv_rotary_kv_write", "sin", sin, DType::kF32);
+  need("qkv_rotary_kv_write", "q", q, DType::kBF16);
+  need("qkv_rotary_kv_write", "slots", slots, DType::kI64);
+  need("qkv_rotary_kv_write", "k_cache", k_cache, DType::kBF16);
+  need("qkv_rotary_kv_write", "v_cache", v_cache, DType::kBF16);
+  const kernels::KvSlots cache{slots.data<int64_t>(), k_cache.dim(0) * k_cache.dim(1),
+                               bf_mut(k_cache), bf_mut(v_cache)};
+  kernels::qkv_rotary(bf(qkv), rotary ? cos.data<float>() : nullptr,
+                      rotary ? sin.data<float>() : nullptr, q.dim(0), q.dim(1), k_cache.dim(2),
+                      q.dim(2), bf_mut(q), nullptr, nullptr, stream(), cache);
+  CUDA_CHECK_LAUNCH();
+}
+
 void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
               Tensor& v_cache) {
   need("kv_write", "k", k, DType::kBF16);

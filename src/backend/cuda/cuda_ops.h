@@ -65,6 +65,8 @@ void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor&
                 Tensor& v);
 void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_cache,
               Tensor& v_cache);
+void qkv_rotary_kv_write(const Tensor& qkv, const Tensor& cos, const Tensor& sin,
+                         const Tensor& slots, Tensor& q, Tensor& k_cache, Tensor& v_cache);
 void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
                      int32_t max_kv_len, float scale, Tensor& out, int32_t max_q_len,

@@ -359,7 +359,7 @@ __global__ void greedy_kernel(const float* logits, int64_t vocab, int32_t* ids, 
 // the head slot, thread x of a head rotates the pairs (i, i + d/2), i = x, x + 32...
 __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const float* sin,
                                   int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                                  uint16_t* q, uint16_t* k, uint16_t* v) {
+                                  uint16_t* q, uint16_t* k, uint16_t* v, KvSlots cache) {
   pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t group = n_heads / n_kv_heads, half = head_dim / 2;
@@ -367,10 +367,21 @@ __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const f
   if (hs >= n_kv_heads * (group + 2)) return;
   const int64_t g = hs / (group + 2), slot = hs % (group + 2);
   const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + hs * head_dim;
-  if (cos == nullptr) {  // no rotation (ALiBi models): split only
-    uint16_t* dst = slot < group    ? q + (t * n_heads + g * group + slot) * head_dim
-                    : slot == group ? k + (t * n_kv_heads + g) * head_dim
-                                    : v + (t * n_kv_heads + g) * head_dim;
+  // Where this K/V head's row goes: k, v, or its cache slot (skipped outside the cache).
+  uint16_t* kdst = k;
+  uint16_t* vdst = v;
+  int64_t kv_row = t * n_kv_heads + g;
+  if (cache.k_cache != nullptr) {
+    const int64_t cs = cache.slots[t];
+    if (slot >= group && (cs < 0 || cs >= cache.n_slots)) return;
+    kdst = cache.k_cache;
+    vdst = cache.v_cache;
+    kv_row = cs * n_kv_heads + g;
+  }
+  uint16_t* dst = slot < group    ? q + (t * n_heads + g * group + slot) * head_dim
+                  : slot == group ? kdst + kv_row * head_dim
+                                  : vdst + kv_row * head_dim;
+  if (cos == nullptr || slot == group + 1) {  // no rotation (V; ALiBi models): a copy
     for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = src[i];
     return;
   }
@@ -378,14 +389,6 @@ __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const f
   const float* s = sin + t * half;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const float x1 = ld_bf16(src, i), x2 = ld_bf16(src, i + half);
-    if (slot == group + 1) {
-      uint16_t* dst = v + (t * n_kv_heads + g) * head_dim;
-      dst[i] = src[i];
-      dst[i + half] = src[i + half];
-      continue;
-    }
-    uint16_t* dst = slot < group ? q + (t * n_heads + g * group + slot) * head_dim
-                                 : k + (t * n_kv_heads + g) * head_dim;
     st_bf16(dst, i, x1 * c[i] - x2 * s[i]);
     st_bf16(dst, i + half, x2 * c[i] + x1 * s[i]);
   }
@@ -494,13 +497,13 @@ void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, fl
 
 void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,
                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, uint16_t* q, uint16_t* k,
-                uint16_t* v, cudaStream_t s) {
+                uint16_t* v, cudaStream_t s, KvSlots cache) {
   if (n_tokens == 0) return;
   const int64_t group = n_heads / n_kv_heads;
   const int64_t slots = n_kv_heads * (group + 2);
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>((slots + 7) / 8));
   pdl_launch(qkv_rotary_kernel, grid, dim3(32, 8), 0, s, qkv, cos, sin, n_heads, n_kv_heads,
-             head_dim, q, k, v);
+             head_dim, q, k, v, cache);
 }
 
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,

@@ -45,9 +45,18 @@ void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, fl
 
 // qkv [T, n_kv_heads * (group + 2) * d] -> q [T, n_heads, d] and k [T, n_kv_heads, d]
 // rotated (NeoX), v [T, n_kv_heads, d]; cos, sin [T, d / 2] F32, or both null: no rotation.
+// With cache (k_cache non-null): k and v go to rows slots[t] of the caches [n_slots,
+// n_kv_heads * d] instead (kv_write's job in the same pass; a slot outside [0, n_slots) is
+// skipped), and k, v are not written.
+struct KvSlots {
+  const int64_t* slots = nullptr;
+  int64_t n_slots = 0;
+  uint16_t* k_cache = nullptr;
+  uint16_t* v_cache = nullptr;
+};
 void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,
                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, uint16_t* q, uint16_t* k,
-                uint16_t* v, cudaStream_t s);
+                uint16_t* v, cudaStream_t s, KvSlots cache = {});
 // Caches [n_slots, row]; k, v [T, row]; slots [T]. A slot outside [0, n_slots) is skipped.
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
               int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s);
