@@ -242,6 +242,7 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   KESTREL_CHECK(!epilogue.accumulate || out.raw() != x.raw(),
                 "linear: accumulate needs out apart from x");
   if (epilogue.addend) {
+    KESTREL_CHECK(epilogue.accumulate, "linear: an addend needs accumulate");
     KESTREL_CHECK(epilogue.addend->raw() != out.raw() && epilogue.addend->raw() != x.raw(),
                   "linear: the addend must be apart from out and x");
     KESTREL_CHECK(epilogue.addend->shape() == out.shape() &&

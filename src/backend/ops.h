@@ -53,9 +53,9 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 
 // What linear does with y = x @ weight^T (+ bias) before it lands in out.
 // gelu: y = gelu(y), exact (erf) form, as ops::gelu. accumulate: out += y (a residual
-// add, cuBLAS's beta = 1) instead of out = y. addend (out's shape and dtype, apart from out):
-// out = y + *addend (cuBLAS's C matrix), or with accumulate out += y + *addend, summed in
-// fp32 and rounded once.
+// add, cuBLAS's beta = 1) instead of out = y; with addend (accumulate only; out's shape and
+// dtype, apart from out and x): out += y + *addend, summed in fp32 and rounded once (parallel
+// attention's x += attn + mlp).
 struct LinearEpilogue {
   bool gelu = false;
   bool accumulate = false;

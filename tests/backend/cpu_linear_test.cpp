@@ -1,5 +1,5 @@
 // ops::linear's epilogues on the CPU (the reference of the CUDA linear) against a direct
-// double-precision sum: GELU, accumulate, an addend with and without accumulate, and the
+// double-precision sum: GELU, accumulate, the addend of the 3-way residual add, and the
 // addend's checks.
 #include <gtest/gtest.h>
 
@@ -31,9 +31,9 @@ struct Case {
 TEST(CpuLinear, EpiloguesMatchDirectSum) {
   std::mt19937_64 rng(11);
   const int64_t T = 5, in = 19, n_out = 13;
-  for (const Case c : {Case{false, false, false}, Case{true, false, false},
-                       Case{false, true, false}, Case{true, true, false}, Case{false, false, true},
-                       Case{false, true, true}, Case{true, false, true}, Case{true, true, true}}) {
+  for (const Case c :
+       {Case{false, false, false}, Case{true, false, false}, Case{false, true, false},
+        Case{true, true, false}, Case{false, true, true}, Case{true, true, true}}) {
     Tensor x = random_f32({T, in}, rng), w = random_f32({n_out, in}, rng);
     Tensor b = random_f32({n_out}, rng), out = random_f32({T, n_out}, rng);
     Tensor add = random_f32({T, n_out}, rng);
@@ -56,12 +56,14 @@ TEST(CpuLinear, EpiloguesMatchDirectSum) {
   }
 }
 
-TEST(CpuLinear, AddendMustBeApartAndShaped) {
+TEST(CpuLinear, AddendNeedsAccumulateAndMustBeApartAndShaped) {
   std::mt19937_64 rng(3);
   Tensor x = random_f32({2, 4}, rng), w = random_f32({3, 4}, rng), out = random_f32({2, 3}, rng);
-  EXPECT_THROW(ops::linear(x, w, Tensor(), out, {.addend = &out}), Error);
+  EXPECT_THROW(ops::linear(x, w, Tensor(), out, {.accumulate = true, .addend = &out}), Error);
   Tensor wrong = random_f32({3, 2}, rng);
-  EXPECT_THROW(ops::linear(x, w, Tensor(), out, {.addend = &wrong}), Error);
+  EXPECT_THROW(ops::linear(x, w, Tensor(), out, {.accumulate = true, .addend = &wrong}), Error);
+  Tensor add = random_f32({2, 3}, rng);
+  EXPECT_THROW(ops::linear(x, w, Tensor(), out, {.addend = &add}), Error);  // needs accumulate
 }
 
 }  // namespace

@@ -465,16 +465,27 @@ TEST(CudaAttention, DISABLED_TimingFalcon7b) {
   }
 }
 
+// n distinct cache slots of [0, total), shuffled; and as an I64 tensor.
+std::vector<int64_t> distinct_slots(int64_t n, int64_t total) {
+  std::vector<int64_t> slots(total);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng());
+  slots.resize(n);
+  return slots;
+}
+
+Tensor slots_tensor(const std::vector<int64_t>& slots) {
+  Tensor t = Tensor::empty(DType::kI64, {static_cast<int64_t>(slots.size())});
+  std::copy(slots.begin(), slots.end(), t.data<int64_t>());
+  return t;
+}
+
 TEST(CudaOps, KvWrite) {
   REQUIRE_GPU();
   const int64_t blocks = 12, bs = 16, kvh = 2, d = 64, n = 20;
   Tensor k = random_host({n, kvh, d}), v = random_host({n, kvh, d});
-  std::vector<int64_t> slots(blocks * bs);
-  std::iota(slots.begin(), slots.end(), 0);
-  std::shuffle(slots.begin(), slots.end(), rng());
-  slots.resize(n);
-  Tensor t_slots = Tensor::empty(DType::kI64, {n});
-  std::copy(slots.begin(), slots.end(), t_slots.data<int64_t>());
+  const std::vector<int64_t> slots = distinct_slots(n, blocks * bs);
+  Tensor t_slots = slots_tensor(slots);
   Tensor kc = random_host({blocks, bs, kvh, d}), vc = random_host({blocks, bs, kvh, d});
   Tensor gkc = to_gpu_bf16(kc), gvc = to_gpu_bf16(vc);
   ops::kv_write(k, v, t_slots, kc, vc);
@@ -496,18 +507,13 @@ TEST(CudaOps, QkvRotaryKvWrite) {
     Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
     Tensor cos = rotate ? random_host({n, d / 2}) : Tensor();
     Tensor sin = rotate ? random_host({n, d / 2}) : Tensor();
-    std::vector<int64_t> slots(blocks * bs);
-    std::iota(slots.begin(), slots.end(), 0);
-    std::shuffle(slots.begin(), slots.end(), rng());
-    slots.resize(n);
-    Tensor t_slots = Tensor::empty(DType::kI64, {n});
-    std::copy(slots.begin(), slots.end(), t_slots.data<int64_t>());
+    std::vector<int64_t> slots = distinct_slots(n, blocks * bs);
+    Tensor t_slots = slots_tensor(slots);
     // Row n / 2 is padding on CUDA (slot -1, skipped; the CPU refuses it): the CPU writes it
     // to its slot, which then gets its old contents back below.
     const int64_t pad_slot = slots[n / 2], row = kv_heads * d;
-    Tensor g_slots = Tensor::empty(DType::kI64, {n});
-    std::copy(slots.begin(), slots.end(), g_slots.data<int64_t>());
-    g_slots.data<int64_t>()[n / 2] = -1;
+    slots[n / 2] = -1;
+    Tensor g_slots = slots_tensor(slots);
     Tensor q = Tensor::empty(DType::kF32, {n, heads, d});
     Tensor k = Tensor::empty(DType::kF32, {n, kv_heads, d}),
            v = Tensor::empty(DType::kF32, {n, kv_heads, d});

@@ -61,7 +61,7 @@ void matmul_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, Tens
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
-  if (!epilogue.gelu && !epilogue.accumulate && !epilogue.addend) {
+  if (!epilogue.gelu && !epilogue.accumulate) {  // (an addend comes with accumulate)
     matmul_bias(x, weight, bias, out);
     return;
   }

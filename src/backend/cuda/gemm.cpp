@@ -130,15 +130,13 @@ int describe(Plan& p, const PlanKey& key, bool bias_epilogue, bool gelu_epilogue
   return found;
 }
 
-// out = x @ weight^T + beta * c, c = out (accumulate) or another tensor of out's shape (null:
-// none, beta = 0).
 void run(const Plan& p, const Tensor& x, const Tensor& weight, Tensor& out,
-         const cublasLtMatmulAlgo_t& algo, const void* c) {
-  const float alpha = 1.0f, beta = c ? 1.0f : 0.0f;
+         const cublasLtMatmulAlgo_t& algo, bool accumulate) {
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   Gemm& g = gemm();
   CUBLAS_CHECK(cublasLtMatmul(g.handle, p.op, &alpha, weight.raw(), p.a, x.raw(), p.b, &beta,
-                              c ? c : out.raw(), p.c, out.raw(), p.c, &algo, g.workspace,
-                              kWorkspaceBytes, stream()));
+                              out.raw(), p.c, out.raw(), p.c, &algo, g.workspace, kWorkspaceBytes,
+                              stream()));
 }
 
 // The plan of a shape, made at its first call: the heuristic's first choice.
@@ -187,14 +185,10 @@ void linear_cublas(const Tensor& x, const Tensor& weight, const Tensor& bias, Te
                    const ops::LinearEpilogue& epi) {
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
   const bool f32_out = out.dtype() == DType::kF32;
-  // out = y + addend: the addend as cuBLASLt's C (D = x W^T + C + bias, as with accumulate);
-  // not with GELU, which the epilogue would apply to the sum.
-  const bool addend_as_c = epi.addend && !epi.accumulate && !epi.gelu;
-  if (epi.addend && !addend_as_c) {  // y apart, then one add rounded once
+  if (epi.addend) {  // y apart, then one 3-way add rounded once (the unfused model's order)
     Tensor y = Tensor::empty(out.dtype(), out.shape(), Device::kCuda);
     linear_cublas(x, weight, bias, y, {.gelu = epi.gelu});
-    kernels::add(epi.accumulate ? out.data<uint16_t>() : y.data<uint16_t>(),
-                 epi.addend->data<uint16_t>(), epi.accumulate ? y.data<uint16_t>() : nullptr,
+    kernels::add(out.data<uint16_t>(), epi.addend->data<uint16_t>(), y.data<uint16_t>(),
                  out.data<uint16_t>(), out.numel(), stream());
     CUDA_CHECK_LAUNCH();
     return;
@@ -215,10 +209,7 @@ void linear_cublas(const Tensor& x, const Tensor& weight, const Tensor& bias, Te
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
-  run(p, x, weight, out, p.algo,
-      addend_as_c      ? epi.addend->raw()
-      : epi.accumulate ? out.raw()
-                       : nullptr);
+  run(p, x, weight, out, p.algo, epi.accumulate);
   if (bias.defined() && !p.bias_epilogue) {
     kernels::add_bias(out.raw(), f32_out, bias.data<uint16_t>(), n_tokens, n_out, stream());
     CUDA_CHECK_LAUNCH();
