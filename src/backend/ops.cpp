@@ -423,7 +423,8 @@ LoraTableEntry lora_table_entry(const LoraSegment& s, int64_t in) {
 #endif
 }
 
-void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out) {
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out,
+                    bool gelu) {
   expect("lora_add_table", "x", x, act_dtype(x), 2);
   expect("lora_add_table", "out", out, act_dtype(x), 2);
   KESTREL_CHECK(out.dim(0) == x.dim(0), "lora_add_table: x ", shape_str(x.shape()), ", out ",
@@ -434,9 +435,10 @@ void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r
   same_device("lora_add_table", x, out);
   if (n_entries == 0) return;
 #ifdef KESTREL_CUDA
-  cuda::lora_add_table(x, table, n_entries, max_r, out);
+  cuda::lora_add_table(x, table, n_entries, max_r, out, gelu);
 #else
   (void)table;
+  (void)gelu;
 #endif
 }
 
