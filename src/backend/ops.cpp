@@ -423,8 +423,7 @@ LoraTableEntry lora_table_entry(const LoraSegment& s, int64_t in) {
 #endif
 }
 
-void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out,
-                    bool gelu) {
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out) {
   expect("lora_add_table", "x", x, act_dtype(x), 2);
   expect("lora_add_table", "out", out, act_dtype(x), 2);
   KESTREL_CHECK(out.dim(0) == x.dim(0), "lora_add_table: x ", shape_str(x.shape()), ", out ",
@@ -435,10 +434,9 @@ void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r
   same_device("lora_add_table", x, out);
   if (n_entries == 0) return;
 #ifdef KESTREL_CUDA
-  cuda::lora_add_table(x, table, n_entries, max_r, out, gelu);
+  cuda::lora_add_table(x, table, n_entries, max_r, out);
 #else
   (void)table;
-  (void)gelu;
 #endif
 }
 

@@ -139,10 +139,7 @@ struct LoraTableEntry {
 // The entry of segment s for an x of `in` columns (a and b CUDA tensors, bf16 or f16, r <= 128).
 LoraTableEntry lora_table_entry(const LoraSegment& s, int64_t in);
 // out [T, out_dim] += the deltas of the n_entries entries at `table` (device memory) for x [T, in].
-// gelu: then out = gelu(out) (exact erf) on the rows the entries name, r == 0 entries included
-// (fc1: the delta lands before the GELU, and the base fc1 needs no GELU pass of its own).
-void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out,
-                    bool gelu = false);
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out);
 
 // out[i] = x[indices[i]]. x [T, hidden], indices [N] I32, out [N, hidden].
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);

@@ -315,19 +315,8 @@ void LoraPlan::pack_tables(const ForwardBatch& b, int64_t n_layers, int entries,
   // Each distinct adapter's entries for every (layer, module), made once (rows are filled in).
   std::map<const LoraAdapter*, std::vector<ops::LoraTableEntry>> made;
   std::vector<int> used(n_layers * kLoraModules, 0);
-  const int fc1 = static_cast<int>(LoraModule::kFc1);
   for (int64_t s = 0; s < b.n_seqs(); ++s) {
     const LoraAdapter* a = b.adapters[s];
-    const int32_t row = b.cu_seqlens[s];
-    // fc1's GELU-only entries for the rows whose adapter (if any) leaves fc1 of a layer alone.
-    for (int64_t l = 0; l < n_layers; ++l) {
-      if (a && a->linear(0, l, LoraModule::kFc1).defined()) continue;
-      const int64_t t = l * kLoraModules + fc1;
-      KESTREL_CHECK(used[t] < entries, "LoraPlan::pack_tables: more than ", entries, " rows");
-      ops::LoraTableEntry& e = tables[t * entries + used[t]++];
-      e.begin = row;
-      e.end = row + 1;
-    }
     if (!a) continue;
     auto [it, fresh] = made.try_emplace(a);
     std::vector<ops::LoraTableEntry>& per = it->second;
@@ -342,6 +331,7 @@ void LoraPlan::pack_tables(const ForwardBatch& b, int64_t n_layers, int entries,
         }
       }
     }
+    const int32_t row = b.cu_seqlens[s];
     for (int64_t t = 0; t < n_layers * kLoraModules; ++t) {
       if (per[t].r == 0) continue;
       KESTREL_CHECK(used[t] < entries, "LoraPlan::pack_tables: more than ", entries, " rows");
@@ -363,17 +353,6 @@ void LoraPlan::add(int64_t layer, LoraModule m, const Tensor& x, Tensor& out) co
   }
   const std::vector<ops::LoraSegment>& segs = segments_[layer][static_cast<int>(m)];
   if (!segs.empty()) ops::lora_add(x, segs, out);
-}
-
-void LoraPlan::add_gelu(int64_t layer, LoraModule m, const Tensor& x, Tensor& out) const {
-  if (tables_ && !empty_) {
-    const size_t t = static_cast<size_t>(layer * kLoraModules + static_cast<int>(m));
-    ops::lora_add_table(x, tables_ + t * entries_ * sizeof(ops::LoraTableEntry), entries_, max_r_,
-                        out, /*gelu=*/true);
-    return;
-  }
-  add(layer, m, x, out);
-  ops::gelu(out);
 }
 
 }  // namespace kestrel

@@ -31,14 +31,9 @@ class LoraPlan {
   bool empty() const { return empty_; }
   // out += the deltas of module m of `layer` for x (a no-op without segments).
   void add(int64_t layer, LoraModule m, const Tensor& x, Tensor& out) const;
-  // out = gelu(out + the deltas of module m) (fc1 when its GELU is not in the base linear's
-  // epilogue): a graph plan in the add's own kernel, else the add, then ops::gelu.
-  void add_gelu(int64_t layer, LoraModule m, const Tensor& x, Tensor& out) const;
 
   // Fills the host tables of a decode graph (the layout above) for the one-token rows of b
-  // (model rank 0): one entry per row whose adapter targets the module, then unused entries;
-  // fc1's tables name every row (r = 0 where no adapter targets it), as add_gelu's GELU must
-  // reach every row.
+  // (model rank 0): one entry per row whose adapter targets the module, then unused entries.
   static void pack_tables(const ForwardBatch& b, int64_t n_layers, int entries,
                           const std::array<int64_t, kLoraModules>& in_of,
                           ops::LoraTableEntry* tables);

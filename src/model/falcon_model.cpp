@@ -316,7 +316,10 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     const bool fuse_gelu = lora.empty();
     auto fc1_gelu = [&](const Tensor& mlp_in) {
       ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn, {.gelu = fuse_gelu});
-      if (!fuse_gelu) lora.add_gelu(l, LoraModule::kFc1, mlp_in, ffn);
+      if (!fuse_gelu) {
+        lora.add(l, LoraModule::kFc1, mlp_in, ffn);
+        ops::gelu(ffn);
+      }
     };
     const ops::LinearEpilogue into_x{.accumulate = true};  // residual adds: x += linear(...)
     if (c.parallel_attn && !tp_.comm) {

@@ -1,7 +1,7 @@
-// ops::lora_add and ops::lora_add_table on CUDA against the CPU op: decode (one row a
-// segment, split-K pair and the fused cluster kernel), prefill segments, mixed ranks 1..128, F16
-// weights, odd shapes (scalar loads), device-side tables with unused and GELU-only entries; and a
-// timing harness at falcon-7b's shapes (DISABLED_, run with --gtest_also_run_disabled_tests).
+// ops::lora_add and ops::lora_add_table on CUDA against the CPU op: decode (one row a segment),
+// prefill segments, mixed ranks 1..128, F16 weights, odd shapes (scalar loads), device-side
+// tables with unused and rank-0 entries; and a timing harness at falcon-7b's shapes (DISABLED_,
+// run with --gtest_also_run_disabled_tests).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,9 +14,6 @@
 #include <vector>
 
 #include "backend/ops.h"
-#ifdef KESTREL_CUDA
-#include "backend/cuda/cuda_ops.h"
-#endif
 
 namespace kestrel {
 namespace {
@@ -25,16 +22,6 @@ namespace {
   do {                                                                           \
     if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
   } while (0)
-
-// Which form one-row adds take (-1 the default rule, 0 the split-K pair, 1 the fused kernel);
-// only the CUDA build has the switch, and the CPU-only build skips these tests before it.
-void set_lora_fused(int mode) {
-#ifdef KESTREL_CUDA
-  cuda::set_lora_fused(mode);
-#else
-  (void)mode;
-#endif
-}
 
 std::mt19937_64& rng() {
   static std::mt19937_64 r(std::random_device{}());
@@ -222,55 +209,47 @@ TEST(CudaOps, LoraAddF16Weights) {
   check_lora({100, 260, {5, 16}, {{0, 1}, {1, 9}}, 9}, LoraWeights::kF16Mixed);
 }
 
-// One-row segments (decode) in every form: the split-K shrink + expand pair, the fused cluster
-// kernel with its bulk-copy stage (where it fits: rank <= 32 here) and without, each forced for
-// every count of segments (the default picks by count).
-TEST(CudaOps, LoraAddOneRowFormsMatchCpu) {
+// One-row segments (decode): 1, 3 and 32 segments of mixed ranks at falcon-7b's qkv, fc2 and
+// fc1 shapes with rows in no segment around them, scalar loads, F16 and bf16 segments mixed.
+TEST(CudaOps, LoraAddOneRowMatchesCpu) {
   REQUIRE_GPU();
-  for (int mode : {0, 1, 2}) {
-    SCOPED_TRACE(mode == 2 ? "fused, no bulk stage" : mode == 1 ? "fused" : "pair");
-    set_lora_fused(mode);
-    const std::vector<std::pair<int64_t, int64_t>> shapes{
-        {4544, 4672}, {18176, 4544}, {4544, 18176}};
-    for (int64_t r : {1, 8, 16, 24, 64, 128}) {
-      for (auto [in, out] : shapes) {
-        for (int32_t n : {1, 3, 32}) {
-          LoraCase c{in, out, {}, {}, n + 2};  // two rows in no segment
-          for (int32_t s = 0; s < n; ++s) {
-            c.ranks.push_back(s % 3 == 2 ? std::max<int64_t>(1, r / 2) : r);  // mixed ranks
-            c.rows.push_back({s + 1, s + 2});
-          }
-          check_lora(c);
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{4544, 4672}, {18176, 4544}, {4544, 18176}};
+  for (int64_t r : {1, 8, 16, 24, 64, 128}) {
+    for (auto [in, out] : shapes) {
+      for (int32_t n : {1, 3, 32}) {
+        LoraCase c{in, out, {}, {}, n + 2};  // two rows in no segment
+        for (int32_t s = 0; s < n; ++s) {
+          c.ranks.push_back(s % 3 == 2 ? std::max<int64_t>(1, r / 2) : r);  // mixed ranks
+          c.rows.push_back({s + 1, s + 2});
         }
+        check_lora(c);
       }
     }
-    // Scalar loads: in % 8 != 0 (x and a), r % 8 != 0 (b); F16 and bf16 segments mixed.
-    check_lora({37, 53, {1, 3, 7, 64, 5}, {{0, 1}, {1, 2}, {3, 4}, {4, 5}, {6, 7}}, 7});
-    check_lora({100, 260, {5, 16, 16, 9}, {{0, 1}, {1, 2}, {2, 3}, {5, 6}}, 6},
-               LoraWeights::kF16Mixed);
-    LoraCase c{4544, 4672, {}, {}, 8};
-    for (int32_t s = 0; s < 8; ++s) {
-      c.ranks.push_back(16);
-      c.rows.push_back({s, s + 1});
-    }
-    check_lora(c, LoraWeights::kF16Mixed);
   }
-  set_lora_fused(-1);
+  // Scalar loads: in % 8 != 0 (x and a), r % 8 != 0 (b); F16 and bf16 segments mixed.
+  check_lora({37, 53, {1, 3, 7, 64, 5}, {{0, 1}, {1, 2}, {3, 4}, {4, 5}, {6, 7}}, 7});
+  check_lora({100, 260, {5, 16, 16, 9}, {{0, 1}, {1, 2}, {2, 3}, {5, 6}}, 6},
+             LoraWeights::kF16Mixed);
+  LoraCase c{4544, 4672, {}, {}, 8};
+  for (int32_t s = 0; s < 8; ++s) {
+    c.ranks.push_back(16);
+    c.rows.push_back({s, s + 1});
+  }
+  check_lora(c, LoraWeights::kF16Mixed);
 }
 
-// One entry of a device-side table: its row (-1: unused, begin == end), rank (0: no adapter,
-// the GELU-only entries of fc1's tables) and whether its weights are F16.
+// One entry of a device-side table: its row (-1: unused, begin == end), rank (0: an entry with
+// no weights, which must leave its row as it is) and whether its weights are F16.
 struct TableEntrySpec {
   int32_t row;
   int64_t r;
   bool f16 = false;
 };
 
-// ops::lora_add_table against the CPU's lora_add (then GELU on the named rows when gelu) over
-// x [n_rows, in]; the error is normalised over the named rows; without gelu the other rows
-// must come back exactly as they were.
+// ops::lora_add_table against the CPU's lora_add over x [n_rows, in]; the error is normalised
+// over the named rows; the other rows must come back exactly as they were.
 void check_table(int64_t in, int64_t out_dim, int64_t n_rows,
-                 const std::vector<TableEntrySpec>& spec, int max_r, bool gelu) {
+                 const std::vector<TableEntrySpec>& spec, int max_r) {
   Tensor x = random_host({n_rows, in});
   Tensor base = random_host({n_rows, out_dim}, -2.0f, 2.0f);
   Tensor ref = Tensor::empty(DType::kF32, {n_rows, out_dim});
@@ -296,21 +275,12 @@ void check_table(int64_t in, int64_t out_dim, int64_t n_rows,
     ops::lora_add(x, {{e.row, e.row + 1, &a[i], &b[i], scale}}, ref);
     table[i] = ops::lora_table_entry({e.row, e.row + 1, &ga[i], &gb[i], scale}, in);
   }
-  if (gelu) {
-    for (int64_t i = 0; i < n_rows; ++i) {
-      if (!named[static_cast<size_t>(i)]) continue;
-      float* p = ref.data<float>() + i * out_dim;
-      for (int64_t o = 0; o < out_dim; ++o)
-        p[o] = 0.5f * p[o] * (1.0f + std::erf(p[o] * 0.70710678118654752440f));
-    }
-  }
   const int64_t words = static_cast<int64_t>(table.size() * sizeof(ops::LoraTableEntry) / 4);
   Tensor host_table = Tensor::empty(DType::kI32, {words});
   std::memcpy(host_table.raw(), table.data(), table.size() * sizeof(ops::LoraTableEntry));
   Tensor dev_table = ops::to_device(host_table, Device::kCuda);
   Tensor out = to_gpu_bf16(base);
-  ops::lora_add_table(to_gpu_bf16(x), dev_table.raw(), static_cast<int>(spec.size()), max_r, out,
-                      gelu);
+  ops::lora_add_table(to_gpu_bf16(x), dev_table.raw(), static_cast<int>(spec.size()), max_r, out);
   Tensor got = ops::to_host_f32(out);
   double num = 0.0, den = 0.0;
   int64_t changed = 0;
@@ -319,7 +289,7 @@ void check_table(int64_t in, int64_t out_dim, int64_t n_rows,
       const int64_t k = i * out_dim + o;
       const double g = got.data<float>()[k], r = ref.data<float>()[k];
       if (!named[static_cast<size_t>(i)]) {
-        if (!gelu) changed += g != base.data<float>()[k];
+        changed += g != base.data<float>()[k];
         continue;
       }
       num += std::isfinite(g) ? (g - r) * (g - r) : INFINITY;
@@ -328,39 +298,28 @@ void check_table(int64_t in, int64_t out_dim, int64_t n_rows,
   }
   EXPECT_EQ(changed, 0) << "rows no entry names changed";
   EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), kLoraBound)
-      << in << "->" << out_dim << " entries " << spec.size() << " gelu " << gelu;
+      << in << "->" << out_dim << " entries " << spec.size();
 }
 
 // Device-side tables as decode graphs fill them: one row an entry, unused entries after the
-// rows, adapters of several ranks up to the bound, GELU-only entries (r = 0) for fc1; every
-// form (pair + GELU pass, fused kernel with and without its bulk stage), with and without GELU.
+// rows, adapters of several ranks up to the bound (F16 and bf16), rank-0 entries, buckets of
+// 1 to 40, scalar loads.
 TEST(CudaOps, LoraAddTableMatchesCpu) {
   REQUIRE_GPU();
-  for (int mode : {-1, 0, 1, 2}) {
-    SCOPED_TRACE(mode == 2   ? "fused, no bulk stage"
-                 : mode == 1 ? "fused"
-                 : mode == 0 ? "pair"
-                             : "default");
-    set_lora_fused(mode);
-    for (bool gelu : {false, true}) {
-      // Bucket 40 over 34 rows: 24 adapter rows (every third F16), 8 without, 2 padding rows.
-      std::vector<TableEntrySpec> fc1;
-      for (int32_t i = 0; i < 32; ++i) fc1.push_back({i, i % 4 == 3 ? 0 : 16, i % 3 == 0});
-      for (int i = 0; i < 8; ++i) fc1.push_back({-1, 0});
-      check_table(4544, 18176, 34, fc1, 16, gelu);
-      // Bound 32: ranks 8, 32, 1 (scalar b loads) and 0.
-      check_table(4544, 4672, 12,
-                  {{0, 8}, {1, 32}, {2, 1}, {3, 0}, {5, 32}, {6, 8}, {-1, 0}, {-1, 0}}, 32, gelu);
-      // Buckets 1 and 2 (batch 1: the pair by default).
-      check_table(18176, 4544, 1, {{0, 16}}, 16, gelu);
-      check_table(4544, 18176, 2, {{1, 16}, {0, 0}}, 16, gelu);
-      // Bound 128 at fc2's shape; in % 8 != 0 (scalar x and a).
-      check_table(18176, 4544, 8, {{0, 128}, {2, 64}, {3, 128, true}, {7, 100}, {-1, 0}}, 128,
-                  gelu);
-      check_table(100, 260, 6, {{0, 3}, {1, 8}, {2, 0}, {4, 16, true}, {-1, 0}}, 16, gelu);
-    }
-  }
-  set_lora_fused(-1);
+  // Bucket 40 over 34 rows: 24 adapter rows (every third F16), 8 rank-0 entries, 2 rows unnamed.
+  std::vector<TableEntrySpec> fc1;
+  for (int32_t i = 0; i < 32; ++i) fc1.push_back({i, i % 4 == 3 ? 0 : 16, i % 3 == 0});
+  for (int i = 0; i < 8; ++i) fc1.push_back({-1, 0});
+  check_table(4544, 18176, 34, fc1, 16);
+  // Bound 32: ranks 8, 32, 1 (scalar b loads) and 0.
+  check_table(4544, 4672, 12, {{0, 8}, {1, 32}, {2, 1}, {3, 0}, {5, 32}, {6, 8}, {-1, 0}, {-1, 0}},
+              32);
+  // Buckets 1 and 2 (batch 1).
+  check_table(18176, 4544, 1, {{0, 16}}, 16);
+  check_table(4544, 18176, 2, {{1, 16}, {0, 0}}, 16);
+  // Bound 128 at fc2's shape; in % 8 != 0 (scalar x and a).
+  check_table(18176, 4544, 8, {{0, 128}, {2, 64}, {3, 128, true}, {7, 100}, {-1, 0}}, 128);
+  check_table(100, 260, 6, {{0, 3}, {1, 8}, {2, 0}, {4, 16, true}, {-1, 0}}, 16);
 }
 
 TEST(CudaOps, LoraAddRefusesRankAbove128) {

@@ -178,12 +178,6 @@ void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Te
       CUDA_CHECK(cudaEventRecord(tab.done[slot], stream()));
       tab.recorded[slot] = true;
     }
-    if (max_rows == 1 && kernels::lora_use_fused(static_cast<int>(n))) {
-      kernels::lora_add_fused(tab.device, static_cast<int>(n), max_r, vec_in, bf(x), in, out_dim,
-                              false, bf_mut(out), stream());
-      CUDA_CHECK_LAUNCH();
-      continue;
-    }
     const int splits =
         kernels::lora_shrink_splits(in, static_cast<int>(n), max_rows, max_r, vec_in);
     Tensor v = Tensor::empty(DType::kF32, {splits, x.dim(0), max_r}, Device::kCuda);
@@ -224,33 +218,18 @@ ops::LoraTableEntry lora_table_entry(const ops::LoraSegment& g, int64_t in) {
   return e;
 }
 
-void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out,
-                    bool gelu) {
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out) {
   need("lora_add_table", "x", x, DType::kBF16);
   need("lora_add_table", "out", out, DType::kBF16);
   const int64_t in = x.dim(1), rows = x.dim(0);
   const bool x_vec = in % 8 == 0 && aligned16(x.raw());
-  const auto* descs = static_cast<const kernels::LoraSegDesc*>(table);
-  if (kernels::lora_use_fused(gelu ? kernels::kLoraFusedMinEntries : n_entries)) {
-    kernels::lora_add_fused(descs, n_entries, max_r, x_vec, bf(x), in, out.dim(1), gelu,
-                            bf_mut(out), stream());
-    CUDA_CHECK_LAUNCH();
-    return;
-  }
   const int splits = kernels::lora_shrink_splits(in, n_entries, 1, max_r, x_vec);
   // Under capture v comes from the graph pool: one address for every replay.
   Tensor v = Tensor::empty(DType::kF32, {splits, rows, max_r}, Device::kCuda);
-  kernels::lora_add_graph(descs, n_entries, max_r, x_vec, bf(x), rows, in, v.data<float>(), splits,
-                          out.dim(1), bf_mut(out), stream());
+  kernels::lora_add_graph(static_cast<const kernels::LoraSegDesc*>(table), n_entries, max_r, x_vec,
+                          bf(x), rows, in, v.data<float>(), splits, out.dim(1), bf_mut(out),
+                          stream());
   CUDA_CHECK_LAUNCH();
-  if (gelu) {  // the pair form adds only; every row then takes the GELU pass
-    kernels::gelu(bf_mut(out), out.numel(), stream());
-    CUDA_CHECK_LAUNCH();
-  }
-}
-
-void set_lora_fused(int mode) {
-  kernels::set_lora_fused(mode);
 }
 
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {

@@ -74,8 +74,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
 void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Tensor& out);
 ops::LoraTableEntry lora_table_entry(const ops::LoraSegment& s, int64_t in);
-void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out,
-                    bool gelu);
+void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out);
 void argmax_rows(const Tensor& logits, Tensor& out);
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
 // ops::sample_on_device (sampling.cpp).
@@ -93,10 +92,5 @@ void set_attention_kernel(int which);
 // operands), 0 cuBLASLt only, 1..4 the GEMV's variant 1..4 (kernels.h) for every 1..8 rows. For
 // tests and benchmarks; also read from KESTREL_GEMV at first use.
 void set_gemv_mode(int mode);
-// How one-row LoRA adds run: -1 (default) one fused cluster kernel from 4 entries on (fewer: the
-// split-K shrink + expand pair), 0 always the pair, 1 always fused, 2 always fused without its
-// bulk-copy stage (lora_fused.cu). For tests and benchmarks;
-// also read from KESTREL_LORA_FUSED at first use.
-void set_lora_fused(int mode);
 
 }  // namespace kestrel::cuda

@@ -178,20 +178,4 @@ void lora_add_graph(const LoraSegDesc* table, int n_segments, int max_r, bool x_
                     const uint16_t* x, int64_t rows, int64_t in, float* v, int splits,
                     int64_t out_dim, uint16_t* out, cudaStream_t s);
 
-// One-row entries in ONE launch (lora_fused.cu): a cluster of kLoraCluster blocks per entry
-// shares the shrink's parts through distributed shared memory, then expands. Entries are one
-// row or unused (begin == end); r == 0 with gelu: out = gelu(out) for that row. gelu: out =
-// gelu(out + delta), exact erf (fc1's delta before its GELU). x_vec: in % 8 == 0 and x 16-byte
-// aligned. The grid follows n_entries and max_r only (CUDA graphs).
-constexpr int kLoraCluster = 8;
-constexpr int kLoraFusedMinEntries = 4;  // below it the split-K pair (more blocks a segment)
-void lora_add_fused(const LoraSegDesc* table, int n_entries, int max_r, bool x_vec,
-                    const uint16_t* x, int64_t in, int64_t out_dim, bool gelu, uint16_t* out,
-                    cudaStream_t s);
-// Whether one-row adds of n_entries take lora_add_fused: from kLoraFusedMinEntries entries on;
-// KESTREL_LORA_FUSED=0 / 1 (or set_lora_fused(0 / 1), tests) never / always, 2 always without
-// the bulk-copy stage; -1 the default.
-bool lora_use_fused(int n_entries);
-void set_lora_fused(int mode);
-
 }  // namespace kestrel::cuda::kernels
