@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "cuda_test_util.h"
 #ifdef KESTREL_CUDA
 #include "backend/cuda/cuda_ops.h"
 #endif
@@ -20,12 +21,9 @@
 namespace kestrel {
 namespace {
 
-constexpr double kLinearBound = 1e-2;
+using namespace test;  // NOLINT(google-build-using-namespace): the shared test helpers
 
-#define REQUIRE_GPU()                                                            \
-  do {                                                                           \
-    if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
-  } while (0)
+constexpr double kLinearBound = 1e-2;
 
 // The GEMV variant linear uses (-1: its own choice); only the CUDA build has the switch, and
 // the CPU-only build skips these tests before they reach it.
@@ -35,33 +33,6 @@ void set_gemv_mode(int mode) {
 #else
   (void)mode;
 #endif
-}
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 r(std::random_device{}());
-  return r;
-}
-
-Tensor random_host(Shape shape, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = bf16_to_f32(f32_to_bf16(u(rng())));
-  return t;
-}
-
-Tensor to_gpu(const Tensor& host, DType dtype) {
-  return ops::upload_weight(host.raw(), DType::kF32, host.shape(), dtype, Device::kCuda);
-}
-
-double norm_error(const Tensor& got_host, const Tensor& ref) {
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double g = got_host.data<float>()[i], r = ref.data<float>()[i];
-    if (!std::isfinite(g)) return INFINITY;
-    num += (g - r) * (g - r);
-    den += r * r;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 struct Case {

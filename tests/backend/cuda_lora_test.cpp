@@ -14,31 +14,12 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "cuda_test_util.h"
 
 namespace kestrel {
 namespace {
 
-#define REQUIRE_GPU()                                                            \
-  do {                                                                           \
-    if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
-  } while (0)
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 r(std::random_device{}());
-  return r;
-}
-
-// A host F32 tensor of uniform values in [lo, hi), rounded to bf16.
-Tensor random_host(Shape shape, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = bf16_to_f32(f32_to_bf16(u(rng())));
-  return t;
-}
-
-Tensor to_gpu_bf16(const Tensor& host) {
-  return ops::upload_weight(host.raw(), DType::kF32, host.shape(), DType::kBF16, Device::kCuda);
-}
+using namespace test;  // NOLINT(google-build-using-namespace): the shared test helpers
 
 // --- LoRA (ops::lora_add) ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/ops.h"
+#include "cuda_test_util.h"
 #include "model/alibi.h"
 #ifdef KESTREL_CUDA
 #include "backend/cuda/cuda_ops.h"
@@ -24,33 +25,13 @@
 namespace kestrel {
 namespace {
 
+using namespace test;  // NOLINT(google-build-using-namespace): the shared test helpers
+
 // bf16 rounds each output once (relative 2^-9); sums of a few rounded terms
 // stay well under these.
 constexpr double kElementwiseBound = 1e-2;
 constexpr double kLinearBound = 1e-2;
 constexpr double kAttentionBound = 2e-2;  // P is rounded to bf16 before P V
-
-#define REQUIRE_GPU()                                                            \
-  do {                                                                           \
-    if (ops::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible"; \
-  } while (0)
-
-std::mt19937_64& rng() {
-  static std::mt19937_64 r(std::random_device{}());
-  return r;
-}
-
-// A host F32 tensor of uniform values in [lo, hi), rounded to bf16.
-Tensor random_host(Shape shape, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(DType::kF32, std::move(shape));
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = bf16_to_f32(f32_to_bf16(u(rng())));
-  return t;
-}
-
-Tensor to_gpu_bf16(const Tensor& host) {
-  return ops::upload_weight(host.raw(), DType::kF32, host.shape(), DType::kBF16, Device::kCuda);
-}
 
 Tensor host_i32(const std::vector<int32_t>& v, Shape shape) {
   Tensor t = Tensor::empty(DType::kI32, std::move(shape));
@@ -63,19 +44,6 @@ Tensor poisoned_gpu(Shape shape) {
   Tensor host = Tensor::empty(DType::kF32, shape);
   std::fill(host.data<float>(), host.data<float>() + host.numel(), NAN);
   return to_gpu_bf16(host);
-}
-
-// ||got - ref|| / ||ref||; NaN anywhere in got gives infinity.
-double norm_error(const Tensor& got_host, const Tensor& ref) {
-  EXPECT_EQ(got_host.numel(), ref.numel());
-  double num = 0.0, den = 0.0;
-  for (int64_t i = 0; i < ref.numel(); ++i) {
-    const double g = got_host.data<float>()[i], r = ref.data<float>()[i];
-    if (!std::isfinite(g)) return INFINITY;
-    num += (g - r) * (g - r);
-    den += r * r;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 double gpu_error(const Tensor& gpu, const Tensor& ref) {
