@@ -489,6 +489,13 @@ void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
   }
 }
 
+std::string device_name(Device device) {
+#ifdef KESTREL_CUDA
+  if (device == Device::kCuda) return cuda::device_name();
+#endif
+  return device == Device::kCpu ? "cpu" : "cuda";
+}
+
 DeviceMemory device_memory(Device device) {
   DeviceMemory m;
 #ifdef KESTREL_CUDA

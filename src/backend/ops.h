@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -160,6 +161,8 @@ struct DeviceMemory {
   int64_t reserved = 0, in_use = 0, peak_in_use = 0;
 };
 DeviceMemory device_memory(Device device);
+// What the device is, for reports: "cuda: " and the GPU's name and SM count, or "cpu".
+std::string device_name(Device device);
 // Resets the peak to what is in use now, and returns cached free blocks to
 // the driver (both no-ops on the CPU).
 void reset_peak_memory(Device device);

@@ -230,7 +230,7 @@ void run_bench(const BenchArgs& a) {
     n_params += shape_numel(w.shape);
   if (!a.json)
     std::printf("model %s (%.2f B parameters) on %s, loaded in %.2f s\n", c.summary().c_str(),
-                n_params / 1e9, a.device.c_str(), load_s);
+                n_params / 1e9, ops::device_name(dev).c_str(), load_s);
 
   std::mt19937 rng(1234);
   nlohmann::json out;

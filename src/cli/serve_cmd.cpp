@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/ops.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "core/error.h"
@@ -143,7 +144,7 @@ void run_serve(const ServeArgs& a) {
     m.set_cuda_graphs(graphs);
     return m;
   }());
-  spdlog::info("loaded {}", model->config().summary());
+  spdlog::info("loaded {} on {}", model->config().summary(), ops::device_name(device));
   const std::filesystem::path dir(a.model_dir);
   KESTREL_CHECK(std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
                 " has no tokenizer.json: the server needs one to read and write text");

@@ -513,6 +513,16 @@ TEST(CudaOps, QkvRotaryKvWrite) {
 namespace kestrel {
 namespace {
 
+// The name reports print (bench's first line, serve's log): the card and its SM count.
+TEST(CudaOps, DeviceNameSaysWhichCard) {
+  REQUIRE_GPU();
+  const std::string name = ops::device_name(Device::kCuda);
+  EXPECT_EQ(name.rfind("cuda: ", 0), 0u) << name;
+  EXPECT_NE(name.find(" SMs"), std::string::npos) << name;
+  EXPECT_GT(name.size(), std::string("cuda: , 1 SMs").size()) << name;
+  EXPECT_EQ(ops::device_name(Device::kCpu), "cpu");
+}
+
 TEST(CudaOps, RandomUniformMatchesCpu) {
   REQUIRE_GPU();
   for (float amp : {0.0f, 0.5f}) {

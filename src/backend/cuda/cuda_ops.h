@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "backend/ops.h"
 #include "core/tensor.h"
@@ -49,6 +50,8 @@ struct DeviceMemoryInfo {
   size_t total = 0;
 };
 DeviceMemoryInfo device_memory_info();
+// The GPU kestrel runs on, as "cuda: NVIDIA H100 80GB HBM3, 132 SMs" (figures say which card).
+std::string device_name();
 
 // ops::capture_graph on CUDA: body runs once eagerly, then once under stream capture; the
 // device memory both runs take comes from the graph pool (graph_pool_bytes: what it holds).

@@ -248,6 +248,16 @@ void empty_cache() {
 void reset_peak_memory() {
   allocator().reset_peak();
 }
+std::string device_name() {
+  ensure_device();
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  return "cuda: " + std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) +
+         " SMs";
+}
+
 DeviceMemoryInfo device_memory_info() {
   ensure_device();
   DeviceMemoryInfo m;
