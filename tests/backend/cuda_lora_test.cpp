@@ -116,16 +116,25 @@ double check_lora(const LoraCase& c, LoraWeights w = LoraWeights::kBf16, bool ze
 
 TEST(CudaOps, LoraAddMatchesCpu) {
   REQUIRE_GPU();
-  // Decode: 1 row per segment, all rows covered; 32 adapters at falcon-7b shapes (the shrink
-  // splits `in` over blocks here, up to 64 parts).
-  for (int64_t r : {1, 8, 16, 64, 128}) {
-    for (auto [in, out] : {std::pair<int64_t, int64_t>{4544, 4672}, {18176, 4544}}) {
-      LoraCase c{in, out, {}, {}, 32};
+  // Decode: 1 row per segment at falcon-7b's qkv, fc2 and fc1 shapes (the shrink splits `in`
+  // over blocks here, up to 64 parts): 32 adapters of one rank covering every row, and 1, 3 or
+  // 32 segments of mixed ranks with a row in no segment on either side.
+  for (int64_t r : {1, 8, 16, 24, 64, 128}) {
+    for (auto [in, out] : {std::pair<int64_t, int64_t>{4544, 4672}, {18176, 4544}, {4544, 18176}}) {
+      LoraCase all{in, out, {}, {}, 32};
       for (int32_t s = 0; s < 32; ++s) {
-        c.ranks.push_back(r);
-        c.rows.push_back({s, s + 1});
+        all.ranks.push_back(r);
+        all.rows.push_back({s, s + 1});
       }
-      check_lora(c);
+      check_lora(all);
+      for (int32_t n : {1, 3, 32}) {
+        LoraCase c{in, out, {}, {}, n + 2};
+        for (int32_t s = 0; s < n; ++s) {
+          c.ranks.push_back(s % 3 == 2 ? std::max<int64_t>(1, r / 2) : r);
+          c.rows.push_back({s + 1, s + 2});
+        }
+        check_lora(c);
+      }
     }
   }
   // Batch 1 (one row, the most splits), and 8 adapters of 4 rows (tiles of 4 rows).
@@ -149,6 +158,7 @@ TEST(CudaOps, LoraAddMatchesCpu) {
   // Small odd shapes (scalar loads), ranks 1 .. 64, one segment up to 64 segments with gaps.
   check_lora({37, 53, {1}, {{0, 5}}, 5});
   check_lora({37, 53, {3, 7, 64}, {{1, 2}, {4, 19}, {19, 30}}, 33});
+  check_lora({37, 53, {1, 3, 7, 64, 5}, {{0, 1}, {1, 2}, {3, 4}, {4, 5}, {6, 7}}, 7});
   {
     LoraCase c{100, 260, {}, {}, 130};
     for (int32_t s = 0; s < 64; ++s) {
@@ -188,35 +198,14 @@ TEST(CudaOps, LoraAddF16Weights) {
              LoraWeights::kF16Mixed);
   check_lora({37, 53, {3, 7, 64}, {{1, 2}, {4, 19}, {19, 30}}, 33}, LoraWeights::kF16);
   check_lora({100, 260, {5, 16}, {{0, 1}, {1, 9}}, 9}, LoraWeights::kF16Mixed);
-}
-
-// One-row segments (decode): 1, 3 and 32 segments of mixed ranks at falcon-7b's qkv, fc2 and
-// fc1 shapes with rows in no segment around them, scalar loads, F16 and bf16 segments mixed.
-TEST(CudaOps, LoraAddOneRowMatchesCpu) {
-  REQUIRE_GPU();
-  const std::vector<std::pair<int64_t, int64_t>> shapes{{4544, 4672}, {18176, 4544}, {4544, 18176}};
-  for (int64_t r : {1, 8, 16, 24, 64, 128}) {
-    for (auto [in, out] : shapes) {
-      for (int32_t n : {1, 3, 32}) {
-        LoraCase c{in, out, {}, {}, n + 2};  // two rows in no segment
-        for (int32_t s = 0; s < n; ++s) {
-          c.ranks.push_back(s % 3 == 2 ? std::max<int64_t>(1, r / 2) : r);  // mixed ranks
-          c.rows.push_back({s + 1, s + 2});
-        }
-        check_lora(c);
-      }
-    }
-  }
-  // Scalar loads: in % 8 != 0 (x and a), r % 8 != 0 (b); F16 and bf16 segments mixed.
-  check_lora({37, 53, {1, 3, 7, 64, 5}, {{0, 1}, {1, 2}, {3, 4}, {4, 5}, {6, 7}}, 7});
   check_lora({100, 260, {5, 16, 16, 9}, {{0, 1}, {1, 2}, {2, 3}, {5, 6}}, 6},
              LoraWeights::kF16Mixed);
-  LoraCase c{4544, 4672, {}, {}, 8};
+  LoraCase eight{4544, 4672, {}, {}, 8};
   for (int32_t s = 0; s < 8; ++s) {
-    c.ranks.push_back(16);
-    c.rows.push_back({s, s + 1});
+    eight.ranks.push_back(16);
+    eight.rows.push_back({s, s + 1});
   }
-  check_lora(c, LoraWeights::kF16Mixed);
+  check_lora(eight, LoraWeights::kF16Mixed);
 }
 
 // One entry of a device-side table: its row (-1: unused, begin == end), rank (0: an entry with
@@ -288,10 +277,10 @@ void check_table(int64_t in, int64_t out_dim, int64_t n_rows,
 TEST(CudaOps, LoraAddTableMatchesCpu) {
   REQUIRE_GPU();
   // Bucket 40 over 34 rows: 24 adapter rows (every third F16), 8 rank-0 entries, 2 rows unnamed.
-  std::vector<TableEntrySpec> fc1;
-  for (int32_t i = 0; i < 32; ++i) fc1.push_back({i, i % 4 == 3 ? 0 : 16, i % 3 == 0});
-  for (int i = 0; i < 8; ++i) fc1.push_back({-1, 0});
-  check_table(4544, 18176, 34, fc1, 16);
+  std::vector<TableEntrySpec> bucket40;
+  for (int32_t i = 0; i < 32; ++i) bucket40.push_back({i, i % 4 == 3 ? 0 : 16, i % 3 == 0});
+  for (int i = 0; i < 8; ++i) bucket40.push_back({-1, 0});
+  check_table(4544, 18176, 34, bucket40, 16);
   // Bound 32: ranks 8, 32, 1 (scalar b loads) and 0.
   check_table(4544, 4672, 12, {{0, 8}, {1, 32}, {2, 1}, {3, 0}, {5, 32}, {6, 8}, {-1, 0}, {-1, 0}},
               32);
