@@ -17,6 +17,7 @@
 #include "model/memory_plan.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
+#include "server/request_policy.h"
 #include "text/tokenizer.h"
 
 namespace kestrel::cli {
@@ -49,6 +50,10 @@ struct ServeArgs {
   int64_t max_stop_sequences = 4;
   std::vector<std::string> adapters;  // --adapter NAME=DIR, preloaded
   std::string adapters_dir;
+  bool allow_adapter_paths = false;
+  double adapter_load_timeout_s = 60;
+  std::vector<std::string> allowed_hosts;  // empty: from --host
+  std::vector<std::string> cors_origins;
   int max_loaded_adapters = 16;
   int64_t adapter_memory_mib = 0;  // 0: on cuda max_loaded x a rank-16 adapter, else no bound
 };
@@ -198,6 +203,9 @@ void run_serve(const ServeArgs& a) {
   so_lora.max_loaded = a.max_loaded_adapters;
   so_lora.adapters_dir = a.adapters_dir;
   so_lora.memory_budget = adapter_mem.budget;
+  so_lora.allow_paths = a.allow_adapter_paths;
+  so_lora.load_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(a.adapter_load_timeout_s * 1000));
   KESTREL_CHECK(a.adapters_dir.empty() || std::filesystem::is_directory(a.adapters_dir),
                 "--adapters-dir ", a.adapters_dir, " is not a folder");
   auto store = std::make_unique<AdapterStore>(
@@ -215,6 +223,17 @@ void run_serve(const ServeArgs& a) {
   if (ao.model_id.empty()) ao.model_id = "kestrel";
   ao.base_model_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
   ao.api_key = a.api_key;
+  if (a.allowed_hosts.empty()) {
+    ao.allowed_hosts = server::default_allowed_hosts(a.host, ao.allow_ip_hosts);
+  } else {
+    ao.allowed_hosts.clear();
+    for (const std::string& h : a.allowed_hosts) {
+      std::string name = h == "*" ? h : server::host_of(h);
+      KESTREL_CHECK(!name.empty(), "--allowed-hosts: '", h, "' is not a host name");
+      ao.allowed_hosts.push_back(name);
+    }
+  }
+  ao.cors_origins = a.cors_origins;
   ao.max_concurrent_requests = a.max_concurrent_requests;
   ao.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
   ao.limits.max_input_length = a.max_input_length;
@@ -258,6 +277,14 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a.api_key,
                   "require Authorization: Bearer KEY (all routes but /health)");
+  cmd->add_option("--allowed-hosts", a.allowed_hosts,
+                  "Host header names the server answers (comma-separated; '*': any; default: "
+                  "the --host address, and localhost's names on a loopback address)")
+      ->delimiter(',');
+  cmd->add_option("--cors-allow-origin", a.cors_origins,
+                  "origins browser pages may call from (comma-separated, e.g. "
+                  "https://app.example.com; '*': any; default: none)")
+      ->delimiter(',');
   cmd->add_option("--max-concurrent-requests", a.max_concurrent_requests,
                   "generation requests in flight before 429")
       ->capture_default_str()
@@ -309,7 +336,15 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--adapter", a.adapters,
                   "NAME=DIR: a LoRA adapter folder loaded at start under NAME (repeatable)");
   cmd->add_option("--adapters-dir", a.adapters_dir,
-                  "folder whose subfolders are LoRA adapters requests may name (adapter_id)");
+                  "folder whose subfolders are LoRA adapters requests may name (adapter_id); "
+                  "ids resolve only inside it");
+  cmd->add_flag("--allow-adapter-paths", a.allow_adapter_paths,
+                "also accept an absolute folder path as adapter_id (any folder the server can "
+                "read: only for trusted clients)");
+  cmd->add_option("--adapter-load-timeout", a.adapter_load_timeout_s,
+                  "seconds an adapter load may take before its requests fail with 503")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-loaded-adapters", a.max_loaded_adapters,
                   "LoRA adapters kept loaded (least recently used unused ones evicted)")
       ->capture_default_str()

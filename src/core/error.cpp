@@ -3,7 +3,39 @@
 
 #include <cstring>
 
-namespace kestrel::detail {
+namespace kestrel {
+
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInternal:
+      return "internal";
+    case ErrorKind::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorKind::kMalformed:
+      return "malformed";
+    case ErrorKind::kNotFound:
+      return "not_found";
+    case ErrorKind::kMethodNotAllowed:
+      return "method_not_allowed";
+    case ErrorKind::kUnauthenticated:
+      return "unauthenticated";
+    case ErrorKind::kForbidden:
+      return "forbidden";
+    case ErrorKind::kTooLarge:
+      return "too_large";
+    case ErrorKind::kHeadersTooLarge:
+      return "headers_too_large";
+    case ErrorKind::kUnsupportedMediaType:
+      return "unsupported_media_type";
+    case ErrorKind::kOverloaded:
+      return "overloaded";
+    case ErrorKind::kUnavailable:
+      return "unavailable";
+  }
+  return "internal";
+}
+
+namespace detail {
 
 void throw_check(const char* cond, const char* file, int line, const std::string& msg) {
   const char* base = std::strrchr(file, '/');
@@ -13,4 +45,5 @@ void throw_check(const char* cond, const char* file, int line, const std::string
   throw Error(out.str());
 }
 
-}  // namespace kestrel::detail
+}  // namespace detail
+}  // namespace kestrel

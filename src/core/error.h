@@ -1,16 +1,58 @@
-// Errors: one exception type carrying what went wrong and where. Library code
-// throws; only the CLI and the server decide what an error means to a user.
+// Errors: one exception type carrying what went wrong, where, and of what kind.
+// Library code throws with the kind it knows (a request that breaks a rule, a
+// name that is not there, a server that is shutting down); only the CLI and the
+// server decide what a kind means to a user (the server: src/server/http_error.h).
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 
 namespace kestrel {
 
+// What kind of failure an Error is. The server maps each to one HTTP status in one place.
+enum class ErrorKind : uint8_t {
+  kInternal,              // a fault of the server or its files (500)
+  kInvalidArgument,       // a request (field, id, size) that breaks a rule (422)
+  kMalformed,             // bytes that do not parse as what they must be (400)
+  kNotFound,              // a name (route, adapter) that is not there (404)
+  kMethodNotAllowed,      // a route asked with the wrong method (405)
+  kUnauthenticated,       // no or a wrong API key (401)
+  kForbidden,             // a request the server's policy refuses (Host, Origin) (403)
+  kTooLarge,              // a request body beyond its bound (413)
+  kHeadersTooLarge,       // request headers beyond their bound (431)
+  kUnsupportedMediaType,  // a POST body that is not application/json (415)
+  kOverloaded,            // too much in flight now; retry later (429)
+  kUnavailable,           // shutting down, engine stopped, a load that timed out (503)
+};
+
+// "internal", "invalid_argument", ...: for logs and tests.
+const char* error_kind_name(ErrorKind kind);
+
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& message, ErrorKind kind = ErrorKind::kInternal)
+      : std::runtime_error(message), kind_(kind) {}
+  explicit Error(const char* message, ErrorKind kind = ErrorKind::kInternal)
+      : std::runtime_error(message), kind_(kind) {}
+  ErrorKind kind() const { return kind_; }
+
+ private:
+  ErrorKind kind_;
+};
+
+// A request the engine or the server cannot serve as asked (a bad parameter, a prompt too long):
+// the client's mistake, never the server's. Names the request field at fault.
+class ValidationError : public Error {
+ public:
+  ValidationError(std::string field, const std::string& message,
+                  ErrorKind kind = ErrorKind::kInvalidArgument)
+      : Error(message, kind), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
 };
 
 namespace detail {
@@ -37,3 +79,6 @@ std::string concat(const Args&... args) {
 
 // KESTREL_FAIL("...") throws unconditionally (for user-facing errors: no location).
 #define KESTREL_FAIL(...) throw ::kestrel::Error(::kestrel::detail::concat(__VA_ARGS__))
+// KESTREL_FAIL_AS(ErrorKind::kNotFound, "...") throws an Error of that kind.
+#define KESTREL_FAIL_AS(kind, ...) \
+  throw ::kestrel::Error(::kestrel::detail::concat(__VA_ARGS__), kind)

@@ -43,7 +43,7 @@ std::optional<EngineEvent> RequestHandle::next() {
 GenerationResult RequestHandle::wait() {
   while (auto e = next()) {
     if (e->kind == EngineEvent::Kind::kFinished) return *e->result;
-    if (e->kind == EngineEvent::Kind::kError) throw Error(e->error);
+    if (e->kind == EngineEvent::Kind::kError) throw Error(e->error, e->error_kind);
   }
   throw Error("request already finished");
 }
@@ -182,7 +182,7 @@ std::shared_ptr<Sequence> Engine::Impl::prepare(GenerationRequest req,
 void Engine::Impl::enqueue(const std::vector<std::shared_ptr<Sequence>>& seqs) {
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (!accepting || stopping) throw Error("the engine is shutting down");
+    if (!accepting || stopping) throw Error("the engine is shutting down", ErrorKind::kUnavailable);
     for (const auto& s : seqs) incoming.push_back(s);
     stats.queue_length += static_cast<int64_t>(seqs.size());
   }
@@ -275,7 +275,8 @@ void Engine::Impl::finish(const std::shared_ptr<Sequence>& s, FinishReason reaso
   s->handle->push(std::move(e));
 }
 
-void Engine::Impl::fail(const std::shared_ptr<Sequence>& s, const std::string& message) {
+void Engine::Impl::fail(const std::shared_ptr<Sequence>& s, const std::string& message,
+                        ErrorKind kind) {
   if (s->group) {
     if (s->group->failed) return;
     s->group->failed = true;
@@ -283,6 +284,7 @@ void Engine::Impl::fail(const std::shared_ptr<Sequence>& s, const std::string& m
   EngineEvent ev;
   ev.kind = EngineEvent::Kind::kError;
   ev.error = message;
+  ev.error_kind = kind;
   s->handle->push(std::move(ev));
 }
 
@@ -329,7 +331,7 @@ void Engine::Impl::run() {
       spdlog::error("engine step failed: {}", e.what());
       for (auto& s : running) {
         free_blocks(*s);
-        fail(s, std::string("inference failed: ") + e.what());
+        fail(s, "inference failed (the server log has the details)", ErrorKind::kInternal);
       }
       running.clear();
     }
@@ -337,12 +339,15 @@ void Engine::Impl::run() {
   // Shutdown: every unfinished request ends with an error.
   std::lock_guard<std::mutex> lock(mu);
   for (auto* q : {&incoming, &waiting}) {
-    for (auto& s : *q) fail(s, "engine stopped");
+    for (auto& s : *q)
+      fail(s, "the server is shutting down: the request did not finish in time",
+           ErrorKind::kUnavailable);
     q->clear();
   }
   for (auto& s : running) {
     free_blocks(*s);
-    fail(s, "engine stopped");
+    fail(s, "the server is shutting down: the request did not finish in time",
+         ErrorKind::kUnavailable);
   }
   running.clear();
 }

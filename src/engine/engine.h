@@ -81,7 +81,7 @@ class Engine {
   // tokenizer may be null (then no token text and no stop sequences).
   Engine(std::shared_ptr<const FalconModel> model, std::shared_ptr<const text::Tokenizer> tokenizer,
          EngineOptions options);
-  ~Engine();  // stops the loop; unfinished requests end with kError "engine stopped"
+  ~Engine();  // stops the loop; unfinished requests end with a kError of kind kUnavailable
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 

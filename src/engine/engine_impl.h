@@ -97,7 +97,7 @@ struct Engine::Impl {
   std::vector<std::shared_ptr<Sequence>> fork_best_of(const std::shared_ptr<Sequence>& s);
   void after_sample(const std::shared_ptr<Sequence>& s, const SampledToken& t);
   void finish(const std::shared_ptr<Sequence>& s, FinishReason reason);
-  void fail(const std::shared_ptr<Sequence>& s, const std::string& message);
+  void fail(const std::shared_ptr<Sequence>& s, const std::string& message, ErrorKind kind);
   void append_token(const std::shared_ptr<Sequence>& s, const SampledToken& t);
   // submit's two halves: validate and build a sequence; queue sequences at once.
   std::shared_ptr<Sequence> prepare(GenerationRequest req,

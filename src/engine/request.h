@@ -57,12 +57,14 @@ struct GenerationResult {
 };
 
 // One event of a request's stream. kToken carries the new token; kFinished the
-// result (after the last token); kError a message (the request is over).
+// result (after the last token); kError a message and its kind (the request is over:
+// kUnavailable when the engine stopped under it, kInternal when a step failed).
 struct EngineEvent {
   enum class Kind : uint8_t { kToken, kFinished, kError } kind = Kind::kToken;
   TokenInfo token;
   std::shared_ptr<const GenerationResult> result;
   std::string error;
+  ErrorKind error_kind = ErrorKind::kInternal;
 };
 
 }  // namespace kestrel

@@ -12,18 +12,6 @@
 
 namespace kestrel {
 
-// A request the engine cannot serve as asked (bad parameter, prompt too long):
-// the client's mistake, never the server's.
-class ValidationError : public Error {
- public:
-  ValidationError(std::string field, const std::string& message)
-      : Error(message), field_(std::move(field)) {}
-  const std::string& field() const { return field_; }
-
- private:
-  std::string field_;
-};
-
 struct SamplingParams {
   bool do_sample = false;           // false: greedy (argmax), whatever the other knobs say
   float temperature = 1.0f;         // > 0 (the server maps temperature 0 to greedy)

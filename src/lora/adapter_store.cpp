@@ -1,9 +1,12 @@
-// The adapter store: one loader thread with a queue of folders to read, the loaded adapters in
-// LRU order (front: most recently used), concurrent gets of one folder joined on one load.
-// Eviction takes only adapters whose shared_ptr the store alone holds (no request leases them).
+// The adapter store: a few loader threads sharing a queue of folders to read, the loaded adapters
+// in LRU order (front: most recently used), concurrent gets of one folder joined on one load.
+// Each load runs on a thread of its own that a loader thread waits on for at most load_timeout:
+// a folder that hangs (a slow mount) fails its gets and leaves the other loads alone. Eviction
+// takes only adapters whose shared_ptr the store alone holds (no request leases them).
 #include "lora/adapter_store.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -28,17 +31,26 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr double kMiB = 1048576.0;
+constexpr size_t kMaxIdBytes = 256;
+// Loads past their timeout whose threads have not returned yet: beyond this many, new loads wait
+// for them rather than pile up threads on a storage that does not answer.
+constexpr int kMaxStuckLoads = 8;
 
-// The canonical form of an existing folder (the dedup key).
-std::string canonical_dir(const fs::path& p) {
+std::string canonical_or_empty(const fs::path& p) {
   std::error_code ec;
   fs::path c = fs::canonical(p, ec);
-  return ec ? fs::absolute(p).lexically_normal().string() : c.string();
+  return ec ? "" : c.string();
 }
 
 bool is_dir(const fs::path& p) {
   std::error_code ec;
   return fs::is_directory(p, ec);
+}
+
+// Whether canonical path `p` is `root` or inside it (both canonical).
+bool inside(const std::string& p, const std::string& root) {
+  if (root.empty() || p.size() < root.size() || p.compare(0, root.size(), root) != 0) return false;
+  return p.size() == root.size() || p[root.size()] == '/' || root == "/";
 }
 
 // A relative path of plain components: no "..", no ".", no empty part, not absolute.
@@ -69,13 +81,46 @@ std::string trim(std::string s) {
   return s;
 }
 
+[[noreturn]] void refuse(const std::string& message) {
+  throw Error(message, ErrorKind::kInvalidArgument);
+}
+[[noreturn]] void not_found(const std::string& message) {
+  throw Error(message, ErrorKind::kNotFound);
+}
+
+// The files of an adapter folder a client found by name lie inside `root` after following
+// symlinks, and are plain files (a FIFO or a device would block or stream forever). Throws the
+// reason. An empty root (a folder the operator named: a preload, --allow-adapter-paths) checks
+// nothing; load_timeout still bounds it.
+void check_files(const std::string& folder, const std::string& root) {
+  if (root.empty()) return;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    const fs::path target = fs::canonical(e.path(), ec);
+    if (ec) KESTREL_FAIL(e.path().string(), ": cannot follow: ", ec.message());
+    if (!inside(target.string(), root))
+      KESTREL_FAIL(e.path().string(), " leads to ", target.string(), ", outside ", root);
+    const fs::file_status st = fs::status(target, ec);
+    if (fs::is_regular_file(st) || fs::is_directory(st)) continue;
+    KESTREL_FAIL(e.path().string(), " is not a regular file");
+  }
+  if (ec) KESTREL_FAIL("cannot list ", folder, ": ", ec.message());
+}
+
 }  // namespace
 
 AdapterSource parse_adapter_source(const std::string& s) {
   if (s == "local") return AdapterSource::kLocal;
   if (s == "hub") return AdapterSource::kHub;
-  KESTREL_FAIL("adapter_source '", s, "' is not supported (local or hub)");
+  KESTREL_FAIL_AS(ErrorKind::kInvalidArgument, "adapter_source '", s,
+                  "' is not supported (local or hub)");
 }
+
+// Where an id leads: the canonical folder, the name it loads under, and the folder its files
+// must stay inside ("" : no bound, for what the operator named).
+struct AdapterStore::Resolved {
+  std::string folder, name, root;
+};
 
 struct AdapterStore::Impl {
   struct Entry {
@@ -84,11 +129,19 @@ struct AdapterStore::Impl {
     int64_t bytes = 0;
   };
   struct Pending {
-    std::string name;
+    std::string name, root;
     std::vector<Callback> waiters;
   };
+  // One load's result, shared with the thread that runs it (which may outlive its wait).
+  struct LoadState {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::shared_ptr<const LoraAdapter> adapter;
+    std::string error;
+  };
 
-  Loader loader;
+  std::shared_ptr<const Loader> loader;
   mutable std::mutex mu;
   std::condition_variable cv;
   std::list<Entry> lru;                        // front: most recently used
@@ -96,7 +149,8 @@ struct AdapterStore::Impl {
   std::map<std::string, Pending> pending;      // folder -> the gets waiting on its load
   std::deque<std::string> queue;               // folders not yet started
   bool stopping = false;
-  std::thread thread;
+  std::vector<std::thread> threads;
+  std::shared_ptr<std::atomic<int>> stuck = std::make_shared<std::atomic<int>>(0);
 
   std::list<Entry>::iterator find_folder(const std::string& folder) {
     for (auto it = lru.begin(); it != lru.end(); ++it)
@@ -164,10 +218,12 @@ struct AdapterStore::Impl {
     return "";
   }
 
-  // The loader, its exceptions as a message.
-  std::shared_ptr<const LoraAdapter> load(const std::string& folder, const std::string& name,
-                                          std::string& error) {
+  // The files' checks and the loader, its exceptions as a message.
+  static std::shared_ptr<const LoraAdapter> load(const Loader& loader, const std::string& folder,
+                                                 const std::string& name, const std::string& root,
+                                                 std::string& error) {
     try {
+      check_files(folder, root);
       std::shared_ptr<const LoraAdapter> ad = loader(folder, name);
       if (!ad) error = "the loader returned no adapter for " + folder;
       return ad;
@@ -179,8 +235,45 @@ struct AdapterStore::Impl {
     return nullptr;
   }
 
+  // load() on a thread of its own, waited for at most `timeout`. On a timeout the thread is left
+  // to finish alone (it holds what it uses) and counts as stuck until it does.
+  std::shared_ptr<const LoraAdapter> load_bounded(const std::string& folder,
+                                                  const std::string& name, const std::string& root,
+                                                  std::chrono::milliseconds timeout,
+                                                  AdapterError& error) {
+    auto state = std::make_shared<LoadState>();
+    std::thread([state, loader = loader, stuck = stuck, folder, name, root] {
+      std::string err;
+      auto ad = load(*loader, folder, name, root, err);
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->adapter = std::move(ad);
+      state->error = std::move(err);
+      if (state->done) --*stuck;  // its waiter gave up: the result goes with the state
+      state->done = true;
+      state->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> lock(state->mu);
+    if (!state->cv.wait_for(lock, timeout, [&] { return state->done; })) {
+      state->done = true;  // from now on the thread's result is dropped
+      ++*stuck;
+      error = {ErrorKind::kUnavailable,
+               detail::concat("adapter '", name, "' did not load within ", timeout.count() / 1000.0,
+                              " s; try again later"),
+               detail::concat("loading ", folder, " took longer than ", timeout.count() / 1000.0,
+                              " s (--adapter-load-timeout)")};
+      return nullptr;
+    }
+    if (!state->adapter)
+      error = {ErrorKind::kInvalidArgument,
+               "adapter '" + name +
+                   "' could not be loaded: it is not a LoRA adapter this model can use (the "
+                   "server log has the reason)",
+               state->error};
+    return std::move(state->adapter);
+  }
+
   static void call(const Callback& cb, std::shared_ptr<const LoraAdapter> ad,
-                   const std::string& error) {
+                   const AdapterError* error) {
     try {
       cb(std::move(ad), error);
     } catch (const std::exception& e) {
@@ -197,38 +290,46 @@ struct AdapterStore::Impl {
       if (queue.empty()) return;  // stopping
       const std::string folder = queue.front();
       queue.pop_front();
-      const std::string name = pending[folder].name;
+      const std::string name = pending[folder].name, root = pending[folder].root;
       std::vector<std::shared_ptr<const LoraAdapter>> dropped;
-      std::string error = make_room_for_one(o, dropped);
+      AdapterError error;
       std::shared_ptr<const LoraAdapter> ad;
-      if (error.empty()) {
+      if (std::string why = make_room_for_one(o, dropped); !why.empty()) {
+        error = {ErrorKind::kOverloaded, "adapter '" + name + "': " + why, why};
+      } else if (stuck->load() >= kMaxStuckLoads) {
+        error = {ErrorKind::kUnavailable,
+                 "adapter '" + name + "': too many adapter loads are hanging; try again later",
+                 detail::concat(stuck->load(), " adapter loads are past --adapter-load-timeout")};
+      } else {
         lock.unlock();
         dropped.clear();
         const auto t0 = std::chrono::steady_clock::now();
-        ad = load(folder, name, error);
+        ad = load_bounded(folder, name, root, o.load_timeout, error);
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         lock.lock();
         if (auto it = find_folder(folder); ad && it != lru.end()) {
           ad = it->adapter;  // preloaded meanwhile
         } else if (ad) {
-          error = insert(o, name, folder, ad, dropped);
-          if (error.empty())
+          if (std::string why = insert(o, name, folder, ad, dropped); why.empty()) {
             spdlog::info("adapter store: loaded {} from {} ({:.1f} MiB, max rank {}) in {:.2f} s",
                          name, folder, ad->bytes() / kMiB, ad->max_rank(), s);
-          else
+          } else {
+            error = {ErrorKind::kOverloaded, "adapter '" + name + "': " + why, why};
             ad.reset();
+          }
         }
       }
-      if (!error.empty()) {
-        error = "adapter '" + name + "': " + error;
-        spdlog::warn("adapter store: {}", error);
-      }
+      if (!ad) spdlog::warn("adapter store: adapter '{}': {}", name, error.detail);
       std::vector<Callback> waiters = std::move(pending[folder].waiters);
       pending.erase(folder);
       lock.unlock();
       dropped.clear();
-      for (const Callback& cb : waiters) call(cb, ad, error);
+      // The last waiter gets this thread's reference: once the callbacks return, the leases they
+      // kept are the only ones (an adapter no request holds can be evicted at once).
+      const AdapterError* failure = ad ? nullptr : &error;
+      for (size_t i = 0; i < waiters.size(); ++i)
+        call(waiters[i], i + 1 == waiters.size() ? std::move(ad) : ad, failure);
       waiters.clear();
       ad.reset();
       lock.lock();
@@ -243,9 +344,13 @@ AdapterStore::AdapterStore(Loader loader, AdapterStoreOptions options)
                 options_.max_loaded);
   KESTREL_CHECK(options_.memory_budget >= 0, "the adapter memory budget must not be negative, got ",
                 options_.memory_budget);
+  KESTREL_CHECK(options_.load_threads >= 1, "adapter load threads must be at least 1, got ",
+                options_.load_threads);
+  KESTREL_CHECK(options_.load_timeout.count() > 0, "--adapter-load-timeout must be positive");
   if (options_.hub_cache.empty()) options_.hub_cache = default_hub_cache();
-  impl_->loader = std::move(loader);
-  impl_->thread = std::thread([this] { impl_->run(options_); });
+  impl_->loader = std::make_shared<const Loader>(std::move(loader));
+  for (int i = 0; i < options_.load_threads; ++i)
+    impl_->threads.emplace_back([this] { impl_->run(options_); });
 }
 
 AdapterStore::~AdapterStore() {
@@ -262,70 +367,113 @@ AdapterStore::~AdapterStore() {
     impl_->queue.clear();
   }
   impl_->cv.notify_all();
-  for (const Callback& cb : failed) Impl::call(cb, nullptr, "server shutting down");
-  impl_->thread.join();
+  const AdapterError shutdown{ErrorKind::kUnavailable, "server shutting down",
+                              "server shutting down"};
+  for (const Callback& cb : failed) Impl::call(cb, nullptr, &shutdown);
+  for (std::thread& t : impl_->threads) t.join();
 }
 
-std::string AdapterStore::resolve(const std::string& id, AdapterSource source) const {
-  if (id.empty()) KESTREL_FAIL("adapter_id is empty");
+AdapterStore::Resolved AdapterStore::resolve_full(const std::string& id,
+                                                  AdapterSource source) const {
+  if (id.empty()) refuse("adapter_id is empty");
+  if (id.size() > kMaxIdBytes)
+    refuse(detail::concat("adapter_id is longer than ", kMaxIdBytes, " bytes"));
+  for (unsigned char c : id)
+    if (c < 0x20 || c == 0x7f) refuse("adapter_id holds a control character");
   if (source == AdapterSource::kHub) {
-    // "ORG/NAME" (or "NAME"): plain components only.
+    // "ORG/NAME" (or "NAME"): plain components only, inside the hub cache.
     const size_t slash = id.find('/');
     if (!safe_relative(id) || (slash != std::string::npos && id.find('/', slash + 1) != id.npos))
-      KESTREL_FAIL("adapter_id '", id,
-                   "' is not a Hugging Face repository id (ORG/NAME, no '..' or empty parts)");
+      refuse("adapter '" + id +
+             "' is not a Hugging Face repository id (ORG/NAME, no '..' or empty parts)");
+    const std::string cache = canonical_or_empty(options_.hub_cache);
+    const auto missing = [&](const std::string& why) {
+      spdlog::debug("adapter store: hub adapter '{}': {}", id, why);
+      not_found("adapter '" + id +
+                "' (hub) is not in the server's Hugging Face cache; kestrel never downloads "
+                "adapters (put the snapshot there first: huggingface-cli download)");
+    };
+    if (cache.empty()) missing("no hub cache at " + options_.hub_cache);
     std::string repo = "models--" + id;
     if (slash != std::string::npos) repo.replace(8 + slash, 1, "--");
-    const fs::path root = fs::path(options_.hub_cache) / repo;
+    const fs::path root = fs::path(cache) / repo;
     const fs::path snapshots = root / "snapshots";
+    fs::path dir;
     std::ifstream ref(root / "refs" / "main");
     if (ref.good()) {
       std::string rev((std::istreambuf_iterator<char>(ref)), std::istreambuf_iterator<char>());
       rev = trim(rev);
-      const fs::path dir = snapshots / rev;
-      if (safe_relative(rev) && rev.find('/') == std::string::npos && is_dir(dir))
-        return canonical_dir(dir);
-      KESTREL_FAIL("adapter '", id, "' (hub): ", (root / "refs" / "main").string(), " names '", rev,
-                   "' but ", dir.string(),
-                   " is not a folder; kestrel never downloads adapters, put the snapshot in "
-                   "the Hugging Face cache first (huggingface-cli download)");
+      if (!safe_relative(rev) || rev.find('/') != std::string::npos || !is_dir(snapshots / rev))
+        missing((root / "refs" / "main").string() + " names '" + rev + "', not a snapshot folder");
+      dir = snapshots / rev;
+    } else {
+      std::vector<fs::path> snaps;
+      std::error_code ec;
+      if (is_dir(snapshots))
+        for (const auto& e : fs::directory_iterator(snapshots, ec))
+          if (is_dir(e.path())) snaps.push_back(e.path());
+      if (snaps.empty()) missing("no snapshot under " + snapshots.string());
+      if (snaps.size() > 1)
+        refuse(detail::concat("adapter '", id, "' (hub) has ", snaps.size(),
+                              " snapshots in the cache and no refs/main to choose one"));
+      dir = snaps[0];
     }
-    std::vector<fs::path> snaps;
-    std::error_code ec;
-    if (is_dir(snapshots))
-      for (const auto& e : fs::directory_iterator(snapshots, ec))
-        if (is_dir(e.path())) snaps.push_back(e.path());
-    if (snaps.size() == 1) return canonical_dir(snaps[0]);
-    if (snaps.empty())
-      KESTREL_FAIL("adapter '", id, "' (hub) is not in the Hugging Face cache: looked at ",
-                   snapshots.string(),
-                   " (HF_HUB_CACHE); kestrel never downloads adapters, put the snapshot there "
-                   "first (huggingface-cli download)");
-    KESTREL_FAIL("adapter '", id, "' (hub): ", snapshots.string(), " holds ", snaps.size(),
-                 " snapshots and there is no refs/main to choose one");
+    const std::string folder = canonical_or_empty(dir);
+    if (!inside(folder, cache)) {
+      spdlog::warn("adapter store: hub adapter '{}' leads to {}, outside the hub cache {}", id,
+                   folder, cache);
+      refuse("adapter '" + id + "' (hub) leads outside the Hugging Face cache; refused");
+    }
+    return {folder, id, cache};
   }
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (auto it = impl_->aliases.find(id); it != impl_->aliases.end()) return it->second;
+    if (auto it = impl_->aliases.find(id); it != impl_->aliases.end()) return {it->second, id, ""};
   }
-  if (is_dir(id)) return canonical_dir(id);
-  if (options_.adapters_dir.empty())
-    KESTREL_FAIL("adapter '", id, "' (local): no folder ", id,
-                 " and no --adapters-dir to look it up in");
+  if (id.front() == '/') {
+    if (!options_.allow_paths)
+      refuse("adapter '" + id +
+             "': absolute paths are not accepted as adapter ids on this server (an id is a name "
+             "inside its adapters folder)");
+    const std::string folder = canonical_or_empty(id);
+    if (folder.empty() || !is_dir(folder)) not_found("adapter '" + id + "' is not a folder");
+    return {folder, folder, ""};
+  }
   if (!safe_relative(id))
-    KESTREL_FAIL("adapter '", id, "' (local): no folder ", id,
-                 ", and a name under --adapters-dir may not be absolute or hold '..' or empty "
-                 "parts");
-  const fs::path under = fs::path(options_.adapters_dir) / id;
-  if (is_dir(under)) return canonical_dir(under);
-  KESTREL_FAIL("adapter '", id, "' (local) not found: no folder ", id, " and no folder ",
-               under.string(), " (--adapters-dir)");
+    refuse("adapter '" + id +
+           "': a local adapter id is a name inside the adapters folder, without '..', '.' or "
+           "empty parts");
+  if (options_.adapters_dir.empty())
+    not_found("adapter '" + id +
+              "' is not loaded, and this server loads local adapters only by the names it was "
+              "started with (no --adapters-dir)");
+  const std::string base = canonical_or_empty(options_.adapters_dir);
+  const fs::path under = fs::path(base) / id;
+  if (base.empty() || !is_dir(under)) {
+    spdlog::debug("adapter store: local adapter '{}': no folder {}", id, under.string());
+    not_found("adapter '" + id + "' not found in the adapters folder");
+  }
+  const std::string folder = canonical_or_empty(under);
+  if (!inside(folder, base) || folder == base) {
+    spdlog::warn("adapter store: local adapter '{}' leads to {}, outside --adapters-dir {}", id,
+                 folder, base);
+    refuse("adapter '" + id + "' leads outside the adapters folder (a symlink); refused");
+  }
+  return {folder, folder.substr(base.size() + (base == "/" ? 0 : 1)), base};
+}
+
+std::string AdapterStore::resolve(const std::string& id, AdapterSource source) const {
+  return resolve_full(id, source).folder;
+}
+
+std::string AdapterStore::canonical_name(const std::string& id, AdapterSource source) const {
+  return resolve_full(id, source).name;
 }
 
 void AdapterStore::preload(const std::string& name, const std::string& dir) {
   KESTREL_CHECK(!name.empty(), "an adapter name must not be empty (NAME=DIR)");
   if (!is_dir(dir)) KESTREL_FAIL("adapter '", name, "': folder ", dir, " does not exist");
-  const std::string folder = canonical_dir(dir);
+  const std::string folder = canonical_or_empty(dir);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (auto it = impl_->aliases.find(name); it != impl_->aliases.end() && it->second != folder)
@@ -336,7 +484,7 @@ void AdapterStore::preload(const std::string& name, const std::string& dir) {
     }
   }
   std::string error;
-  std::shared_ptr<const LoraAdapter> ad = impl_->load(folder, name, error);
+  std::shared_ptr<const LoraAdapter> ad = Impl::load(*impl_->loader, folder, name, "", error);
   if (!ad) KESTREL_FAIL("adapter '", name, "': ", error);
   std::vector<std::shared_ptr<const LoraAdapter>> dropped;
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -350,11 +498,12 @@ void AdapterStore::preload(const std::string& name, const std::string& dir) {
 }
 
 void AdapterStore::get(const std::string& id, AdapterSource source, Callback done) {
-  std::string folder;
+  Resolved where;
   try {
-    folder = resolve(id, source);
-  } catch (const std::exception& e) {
-    Impl::call(done, nullptr, e.what());
+    where = resolve_full(id, source);
+  } catch (const Error& e) {
+    const AdapterError failure{e.kind(), e.what(), e.what()};
+    Impl::call(done, nullptr, &failure);
     return;
   }
   std::shared_ptr<const LoraAdapter> ad;
@@ -362,14 +511,15 @@ void AdapterStore::get(const std::string& id, AdapterSource source, Callback don
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->stopping) {
       ad = nullptr;
-    } else if (auto it = impl_->find_folder(folder); it != impl_->lru.end()) {
+    } else if (auto it = impl_->find_folder(where.folder); it != impl_->lru.end()) {
       impl_->lru.splice(impl_->lru.begin(), impl_->lru, it);  // LRU touch
       ad = it->adapter;
     } else {
-      auto [p, fresh] = impl_->pending.try_emplace(folder);
+      auto [p, fresh] = impl_->pending.try_emplace(where.folder);
       if (fresh) {
-        p->second.name = id;
-        impl_->queue.push_back(folder);
+        p->second.name = where.name;
+        p->second.root = where.root;
+        impl_->queue.push_back(where.folder);
       }
       p->second.waiters.push_back(std::move(done));
       impl_->cv.notify_one();
@@ -377,22 +527,26 @@ void AdapterStore::get(const std::string& id, AdapterSource source, Callback don
     }
   }
   if (!ad) {
-    Impl::call(done, nullptr, "server shutting down");
+    const AdapterError shutdown{ErrorKind::kUnavailable, "server shutting down",
+                                "server shutting down"};
+    Impl::call(done, nullptr, &shutdown);
     return;
   }
-  Impl::call(done, std::move(ad), "");
+  Impl::call(done, std::move(ad), nullptr);
 }
 
 std::shared_ptr<const LoraAdapter> AdapterStore::get_sync(const std::string& id,
                                                           AdapterSource source) {
-  auto result =
-      std::make_shared<std::promise<std::pair<std::shared_ptr<const LoraAdapter>, std::string>>>();
+  using Result = std::pair<std::shared_ptr<const LoraAdapter>, AdapterError>;
+  auto result = std::make_shared<std::promise<Result>>();
   auto fut = result->get_future();
-  get(id, source, [result](std::shared_ptr<const LoraAdapter> ad, const std::string& error) {
-    result->set_value({std::move(ad), error});
+  get(id, source, [result](std::shared_ptr<const LoraAdapter> ad, const AdapterError* error) {
+    result->set_value({std::move(ad), error ? *error : AdapterError{}});
   });
   auto [ad, error] = fut.get();
-  if (!ad) throw Error(error);
+  if (!ad)
+    throw Error(error.message + (error.detail != error.message ? ": " + error.detail : ""),
+                error.kind);
   return ad;
 }
 

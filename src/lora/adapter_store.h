@@ -1,32 +1,47 @@
 // The adapter store (docs/lora.md, "Adapter store"): the LoRA adapters a server holds, loaded on
-// first use off the step loop's thread, kept up to a bound with LRU eviction of adapters no
-// running request uses, preloaded at start, names resolved under --adapters-dir or the offline
-// Hugging Face cache.
+// first use off the step loop's thread (a few loads at once, each bounded in time), kept up to a
+// bound with LRU eviction of adapters no running request uses, preloaded at start. Ids resolve
+// only where the operator allowed (docs/server.md, "Security model"): preloaded names, names
+// inside --adapters-dir, ORG/NAME inside the offline Hugging Face cache, absolute folders only
+// with --allow-adapter-paths.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "lora/lora_adapter.h"
 
 namespace kestrel {
 
 // Where an adapter id points (LoRAX's adapter_source).
 enum class AdapterSource : uint8_t {
-  kLocal,  // a folder path, or a name under --adapters-dir
+  kLocal,  // a preloaded name, a name inside --adapters-dir, an absolute folder if allowed
   kHub,    // HF_HUB_CACHE/models--ORG--NAME/snapshots/<refs/main>, offline: never a download
 };
 
-// "local" / "hub"; anything else throws kestrel::Error naming the source (the server's 422).
+// "local" / "hub"; anything else throws a kInvalidArgument Error naming the source.
 AdapterSource parse_adapter_source(const std::string& s);
 
 struct AdapterStoreOptions {
   int max_loaded = 16;        // --max-loaded-adapters
-  std::string adapters_dir;   // --adapters-dir ("" : names are folder paths only)
+  std::string adapters_dir;   // --adapters-dir ("": no local loading beyond preloaded names)
   std::string hub_cache;      // HF_HUB_CACHE (else $HF_HOME/hub, else ~/.cache/huggingface/hub)
   int64_t memory_budget = 0;  // bytes the loaded adapters may hold together (0: no bound)
+  bool allow_paths = false;   // --allow-adapter-paths: an absolute folder path is an id too
+  int load_threads = 4;       // loads that may run at once
+  std::chrono::milliseconds load_timeout{60000};  // a load still running then fails its gets
+};
+
+// Why a get failed: the kind (the server's status), a message for the client (the id and the
+// rule, never a path or a file's contents) and the detail for the log and the CLI.
+struct AdapterError {
+  ErrorKind kind = ErrorKind::kInternal;
+  std::string message;
+  std::string detail;
 };
 
 // What /v1/models, /info and the metrics list.
@@ -44,10 +59,10 @@ class AdapterStore {
   // tests). Runs on the store's loader thread; throws kestrel::Error naming the problem.
   using Loader = std::function<std::shared_ptr<const LoraAdapter>(const std::string& dir,
                                                                   const std::string& name)>;
-  // Called once per get(): the adapter, or null and the reason it failed. Runs on the loader
+  // Called once per get(): the adapter and null, or null and why it failed. Runs on a loader
   // thread, or on the caller's thread when the adapter is already loaded (or the id is invalid).
   using Callback =
-      std::function<void(std::shared_ptr<const LoraAdapter> adapter, const std::string& error)>;
+      std::function<void(std::shared_ptr<const LoraAdapter> adapter, const AdapterError* error)>;
 
   AdapterStore(Loader loader, AdapterStoreOptions options);
   ~AdapterStore();  // finishes the load in flight, fails the queued ones, joins the thread
@@ -57,8 +72,14 @@ class AdapterStore {
   // `--adapter NAME=DIR` at start: loads now, on the caller's thread; throws kestrel::Error.
   void preload(const std::string& name, const std::string& dir);
 
-  // The folder `id` names under `source`: throws kestrel::Error naming the id and where it looked.
+  // The canonical folder `id` names under `source`, checked against the confinement rules.
+  // Throws an Error whose kind is kInvalidArgument (an id the rules refuse) or kNotFound (no such
+  // adapter where the rules look), with a message that names the id and the rule, never a path.
   std::string resolve(const std::string& id, AdapterSource source) const;
+  // The name an adapter loads under, the same for every spelling of its id: a preloaded NAME,
+  // the path inside --adapters-dir, ORG/NAME for the hub, the canonical folder with
+  // --allow-adapter-paths. Throws like resolve().
+  std::string canonical_name(const std::string& id, AdapterSource source) const;
 
   // The adapter `id` names, loaded on first use. Concurrent gets of one folder share one load.
   // The shared_ptr handed to `done` is the request's lease: while any copy of it is alive the
@@ -66,7 +87,8 @@ class AdapterStore {
   // again.
   void get(const std::string& id, AdapterSource source, Callback done);
 
-  // Blocking form of get() (CLI, tests): throws kestrel::Error with the reason.
+  // Blocking form of get() (CLI, tests): throws kestrel::Error of the failure's kind with its
+  // detail.
   std::shared_ptr<const LoraAdapter> get_sync(const std::string& id, AdapterSource source);
 
   // Loaded adapters, most recently used first.
@@ -78,6 +100,8 @@ class AdapterStore {
 
  private:
   struct Impl;
+  struct Resolved;
+  Resolved resolve_full(const std::string& id, AdapterSource source) const;
   AdapterStoreOptions options_;
   std::unique_ptr<Impl> impl_;
 };

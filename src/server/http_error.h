@@ -1,5 +1,4 @@
-// Errors the HTTP layer maps to a status: HttpError carries its status and
-// TGI's error_type; engine ValidationErrors become 422 "validation".
+// The one place an error's kind becomes an HTTP status and TGI's error_type.
 #pragma once
 
 #include <string>
@@ -8,16 +7,14 @@
 
 namespace kestrel::server {
 
-class HttpError : public Error {
- public:
-  HttpError(int status, std::string error_type, const std::string& message)
-      : Error(message), status_(status), error_type_(std::move(error_type)) {}
-  int status() const { return status_; }
-  const std::string& error_type() const { return error_type_; }
-
- private:
-  int status_;
-  std::string error_type_;
+struct HttpStatus {
+  int status;              // 4xx for a client's mistake, 503 while shutting down, 500 else
+  const char* error_type;  // TGI's error_type: "validation", "overloaded", ...
 };
+
+HttpStatus http_status(ErrorKind kind);
+
+// A ValidationError's message for the client: TGI's "Input validation error: " before a 422's.
+std::string validation_message(const ValidationError& e);
 
 }  // namespace kestrel::server

@@ -15,6 +15,7 @@
 
 #include "core/logging.h"
 #include "lora/adapter_store.h"
+#include "server/http_error.h"
 
 namespace kestrel::server {
 
@@ -77,6 +78,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     out += "Content-Type: " + r.content_type + "\r\n";
     out += "Content-Length: " + std::to_string(r.body.size()) + "\r\n";
     for (const auto& [k, v] : r.headers) out += k + ": " + v + "\r\n";
+    for (const auto& [k, v] : extra_headers_) out += k + ": " + v + "\r\n";
     out += adapter_headers();
     out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     out += r.body;
@@ -90,6 +92,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     std::string out = "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
                       "\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n";
     out += chunked_ ? "Transfer-Encoding: chunked\r\n" : "";
+    for (const auto& [k, v] : extra_headers_) out += k + ": " + v + "\r\n";
     out += adapter_headers();
     out += keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
     queue(std::move(out), false);
@@ -171,26 +174,35 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     begin_exchange();
     keep_alive_ = false;
     if (ec == http::error::header_limit)
-      reply(error_reply(431, "bad_request", "request headers too large"));
+      reply(error_reply(ErrorKind::kHeadersTooLarge, "request headers too large"));
     else
-      reply(error_reply(400, "bad_request", "malformed HTTP request: " + ec.message()));
+      reply(error_reply(ErrorKind::kMalformed, "malformed HTTP request: " + ec.message()));
   }
 
   void too_large() {
     keep_alive_ = false;
     lingering_ = true;
     srv_.api.metrics().request_failed("validation");
-    reply(error_reply(413, "validation",
-                      "request body exceeds the limit of " +
-                          std::to_string(srv_.api.options().max_body_bytes) + " bytes"));
+    reply(error_reply(ErrorKind::kTooLarge, "request body exceeds the limit of " +
+                                                std::to_string(srv_.api.options().max_body_bytes) +
+                                                " bytes"));
   }
 
   void handle() {
     auto& req = parser_->get();
-    Routed r = srv_.api.route(std::string(req.method_string()), std::string(req.target()),
-                              req.body(), std::string(req[http::field::authorization]));
+    RequestHead head;
+    head.method = std::string(req.method_string());
+    head.target = std::string(req.target());
+    head.authorization = std::string(req[http::field::authorization]);
+    head.content_type = std::string(req[http::field::content_type]);
+    head.host = std::string(req[http::field::host]);
+    head.origin = std::string(req[http::field::origin]);
+    head.access_control_request_method =
+        std::string(req[http::field::access_control_request_method]);
+    Routed r = srv_.api.route(head, req.body());
     req.body().clear();
     req.body().shrink_to_fit();
+    extra_headers_ = std::move(r.headers);
     if (r.reply) return reply(std::move(*r.reply));
     submit(std::move(r));
   }
@@ -199,12 +211,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     Api& api = srv_.api;
     if (api.draining() || srv_.stopping) {
       api.metrics().request_failed("unavailable");
-      return reply(error_reply(503, "unavailable", "the server is shutting down"));
+      return reply(error_reply(ErrorKind::kUnavailable, "the server is shutting down"));
     }
     if (!api.try_acquire()) {
       api.metrics().request_failed("overloaded");
       return reply(error_reply(
-          429, "overloaded",
+          ErrorKind::kOverloaded,
           "Model is overloaded: " + std::to_string(api.options().max_concurrent_requests) +
               " requests in flight (--max-concurrent-requests)"));
     }
@@ -216,6 +228,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     prompt_length_ = static_cast<int64_t>(r.request.prompt_ids.size());
     max_new_tokens_ = r.request.params.max_new_tokens;
     adapter_label_ = r.adapter ? r.adapter->id : "";
+    metrics_label_.clear();
     adapter_source_ = r.adapter && r.adapter->source == AdapterSource::kHub ? "hub" : "local";
     if (r.adapter) return wait_for_adapter(std::move(r.request), *r.adapter);
     start_generation(std::move(r.request));
@@ -231,45 +244,40 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     auto ex = stream_.get_executor();
     const uint64_t exchange = exchange_;
     auto done = [weak, gate, ex, exchange](std::shared_ptr<const LoraAdapter> adapter,
-                                           const std::string& error) {
+                                           const AdapterError* error) {
       std::lock_guard lock(gate->mu);
       if (!gate->open) return;
-      asio::post(ex, [weak, exchange, adapter = std::move(adapter), error]() mutable {
-        if (auto self = weak.lock()) self->on_adapter(exchange, std::move(adapter), error);
+      AdapterError failure = error ? *error : AdapterError{};
+      asio::post(ex, [weak, exchange, adapter = std::move(adapter), failure]() mutable {
+        if (auto self = weak.lock()) self->on_adapter(exchange, std::move(adapter), failure);
       });
     };
     try {
       srv_.api.options().adapters->get(ref.id, ref.source, done);
     } catch (const std::exception& e) {
-      done(nullptr, e.what());
+      spdlog::error("adapter store: get '{}' threw: {}", ref.id, e.what());
+      const AdapterError failure{ErrorKind::kInternal, "the adapter store failed", e.what()};
+      done(nullptr, &failure);
     }
     watch_disconnect();
   }
 
   void on_adapter(uint64_t exchange, std::shared_ptr<const LoraAdapter> adapter,
-                  const std::string& error) {
+                  const AdapterError& error) {
     if (!waiting_adapter_ || exchange != exchange_) return;  // the client left meanwhile
     auto self = shared_from_this();
     waiting_adapter_ = false;
     GenerationRequest request = std::move(waiting_request_);
     waiting_request_ = {};
     if (!adapter) {
-      // The adapter's own problem is the client's (422); a store full of adapters in use or a
-      // store shutting down is not (429, 503: retry).
-      int status = 422;
-      const char* type = "validation";
-      if (error.find("retry when one finishes") != std::string::npos) {
-        status = 429;
-        type = "overloaded";
-      } else if (error.find("shutting down") != std::string::npos) {
-        status = 503;
-        type = "unavailable";
-      }
+      // The store's kind says whose problem it is: the adapter's own is the client's (4xx); a store
+      // full of adapters in use (429) or shutting down (503) is not.
       srv_.api.metrics().request_failed("adapter");
       end_request();
-      return reply(error_reply(status, type,
-                               "adapter '" + adapter_label_ + "' could not be loaded: " + error));
+      return reply(error_reply(error.kind, error.message));
     }
+    // Metrics count the adapter by the name it is loaded under, not the request's spelling.
+    metrics_label_ = adapter->name();
     request.adapter = std::move(adapter);
     start_generation(std::move(request));
   }
@@ -279,7 +287,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     if (api.draining() || srv_.stopping) {
       end_request();
       api.metrics().request_failed("unavailable");
-      return reply(error_reply(503, "unavailable", "the server is shutting down"));
+      return reply(error_reply(ErrorKind::kUnavailable, "the server is shutting down"));
     }
     std::weak_ptr<Session> weak = shared_from_this();
     auto gate = srv_.gate;
@@ -296,12 +304,20 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     } catch (const ValidationError& e) {
       end_request();
       api.metrics().request_failed("validation");
-      return reply(
-          error_reply(422, "validation", std::string("Input validation error: ") + e.what()));
+      return reply(error_reply(e.kind(), validation_message(e)));
+    } catch (const Error& e) {
+      end_request();
+      api.metrics().request_failed(http_status(e.kind()).error_type);
+      if (e.kind() == ErrorKind::kInternal) spdlog::error("submit: {}", e.what());
+      return reply(error_reply(e.kind(), e.kind() == ErrorKind::kInternal
+                                             ? "internal error (the server log has the details)"
+                                             : e.what()));
     } catch (const std::exception& e) {
       end_request();
-      api.metrics().request_failed("unavailable");
-      return reply(error_reply(503, "unavailable", e.what()));
+      api.metrics().request_failed("internal");
+      spdlog::error("submit: {}", e.what());
+      return reply(
+          error_reply(ErrorKind::kInternal, "internal error (the server log has the details)"));
     }
     job_->start(*this);
     watch_disconnect();
@@ -329,7 +345,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
           rec.input_length = prompt_length_;
           rec.generated_tokens = static_cast<int64_t>(res.tokens.size());
           rec.max_new_tokens = max_new_tokens_;
-          rec.adapter = adapter_label_;
+          rec.adapter = metrics_label_;
           m.request_succeeded(rec);
         }
         auto job = std::move(job_);
@@ -338,11 +354,13 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
         break;
       }
       case EngineEvent::Kind::kError: {
-        m.request_failed("generation");
+        m.request_failed(ev.error_kind == ErrorKind::kInternal
+                             ? "generation"
+                             : http_status(ev.error_kind).error_type);
         spdlog::warn("request {} failed: {}", request_id_, ev.error);
         auto job = std::move(job_);
         end_request();
-        if (!gone_) job->on_error(ev.error, *this);
+        if (!gone_) job->on_error(ev.error_kind, ev.error, *this);
         break;
       }
     }
@@ -496,6 +514,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     if (in_exchange_) return;
     in_exchange_ = true;
     adapter_label_.clear();
+    extra_headers_.clear();
     ++exchange_;
     ++srv_.exchanges;
   }
@@ -531,8 +550,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   double first_token_seconds_ = -1;
   int64_t prompt_length_ = 0;
   int64_t max_new_tokens_ = 0;
-  std::string adapter_source_;    // "local" / "hub", with adapter_label_
-  std::string adapter_label_;     // the request's adapter id ("": the base model), for the metrics
+  std::string adapter_source_;  // "local" / "hub", with adapter_label_
+  std::string adapter_label_;   // the request's adapter id ("": the base model), for headers
+  std::string metrics_label_;   // the loaded adapter's name ("": the base model), for metrics
+  std::vector<std::pair<std::string, std::string>> extra_headers_;  // CORS, on every response
   bool waiting_adapter_ = false;  // active, its adapter loading: not in the engine yet
   GenerationRequest waiting_request_;
 

@@ -2,6 +2,7 @@
 #include "server/jobs.h"
 
 #include "server/generate_response.h"
+#include "server/http_error.h"
 
 namespace kestrel::server {
 namespace {
@@ -50,12 +51,12 @@ class TgiJob : public GenerationJob {
     out.end_stream();
   }
 
-  void on_error(const std::string& message, ResponseChannel& out) override {
+  void on_error(ErrorKind kind, const std::string& message, ResponseChannel& out) override {
     if (!p_.stream) {
-      out.reply(error_reply(500, "generation", message));
+      out.reply(error_reply(kind, message));
       return;
     }
-    out.stream(sse_event(error_json(message, "generation")));
+    out.stream(sse_event(error_json(message, http_status(kind).error_type)));
     out.end_stream();
   }
 
@@ -113,12 +114,12 @@ class OpenAiJob : public GenerationJob {
     out.end_stream();
   }
 
-  void on_error(const std::string& message, ResponseChannel& out) override {
+  void on_error(ErrorKind kind, const std::string& message, ResponseChannel& out) override {
     if (!r_.stream) {
-      out.reply(error_reply(500, "generation", message));
+      out.reply(error_reply(kind, message));
       return;
     }
-    out.stream(openai_sse(error_json(message, "generation")));
+    out.stream(openai_sse(error_json(message, http_status(kind).error_type)));
     out.stream(kOpenAiDone);
     out.end_stream();
   }

@@ -17,8 +17,14 @@ using nlohmann::json;
 // True when `s` is well-formed UTF-8 (no overlongs, no surrogates).
 bool valid_utf8(std::string_view s);
 
-// Parses a request body that must be a JSON object. Throws HttpError 400 for
-// malformed JSON or a non-object, ValidationError for invalid UTF-8.
+// The deepest nesting of objects and arrays a request body may have. Bodies are parsed without
+// recursion, but copies, comparisons and dumps of a json value recurse: the bound keeps every later
+// use of request JSON far from the stack's end.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses a request body that must be a JSON object. Throws Error kMalformed (400) for malformed
+// JSON or a non-object, ValidationError naming the field for invalid UTF-8, nesting beyond
+// kMaxJsonDepth and numbers beyond double's range.
 json parse_json_object(std::string_view body);
 
 // Typed optional fields of `obj`: nullopt when absent or null, ValidationError

@@ -106,7 +106,14 @@ void Metrics::request_succeeded(const RequestRecord& r) {
   generated_tokens_.observe(static_cast<double>(r.generated_tokens));
   input_length_.observe(static_cast<double>(r.input_length));
   max_new_tokens_.observe(static_cast<double>(r.max_new_tokens));
-  PerAdapter& a = by_adapter_[r.adapter];
+  // Series are keyed by the loaded adapter's canonical name, and bounded: past kMaxAdapterSeries
+  // names, the rest are counted together under kOtherAdapters.
+  auto it = by_adapter_.find(r.adapter);
+  if (it == by_adapter_.end())
+    it =
+        by_adapter_.try_emplace(by_adapter_.size() < kMaxAdapterSeries ? r.adapter : kOtherAdapters)
+            .first;
+  PerAdapter& a = it->second;
   ++a.requests;
   a.generated_tokens += static_cast<uint64_t>(std::max<int64_t>(0, r.generated_tokens));
 }

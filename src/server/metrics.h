@@ -41,15 +41,20 @@ struct RequestRecord {
   int64_t input_length = 0;
   int64_t generated_tokens = 0;
   int64_t max_new_tokens = 0;
-  std::string adapter;  // the adapter id, "" for the base model
+  std::string adapter;  // the loaded adapter's canonical name, "" for the base model
 };
+
+// Per-adapter series beyond this many share one, adapter="__other__".
+inline constexpr size_t kMaxAdapterSeries = 256;
+inline constexpr const char* kOtherAdapters = "__other__";
 
 class Metrics {
  public:
   Metrics();
   void request_started();
   void request_succeeded(const RequestRecord& r);
-  // err: "validation", "overloaded", "generation", "cancelled", ...
+  // err: one of a fixed set ("validation", "overloaded", "generation", "cancelled", "adapter",
+  // an error_type of http_error.h, ...), never request text: each is a series.
   void request_failed(const std::string& err);
   void set_in_flight(int64_t n);
 

@@ -13,6 +13,19 @@ namespace {
   throw ValidationError(field, message);
 }
 
+// Whether obj[key] is the string `want` (false for any other type: never a type_error).
+bool string_is(const json& obj, const char* key, std::string_view want) {
+  auto it = obj.find(key);
+  return it != obj.end() && it->is_string() && it->get_ref<const std::string&>() == want;
+}
+
+// obj[key] by reference, or a null when absent: request JSON is never copied.
+const json& member_or_null(const json& obj, const char* key) {
+  static const json kNull;
+  auto it = obj.find(key);
+  return it == obj.end() ? kNull : *it;
+}
+
 // The knobs both OpenAI routes share. OpenAI samples at temperature 1 unless told otherwise.
 void parse_common(const json& body, const RequestLimits& limits, OpenAiRequest& r) {
   for (const char* field : {"tools", "functions", "suffix"}) {
@@ -21,7 +34,7 @@ void parse_common(const json& body, const RequestLimits& limits, OpenAiRequest& 
       invalid(field, std::string("`") + field + "` is not supported yet");
   }
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!(it->is_object() && it->value("type", "") == "text"))
+    if (!(it->is_object() && string_is(*it, "type", "text")))
       invalid("response_format",
               "`response_format` is not supported yet (only {\"type\": \"text\"})");
   }
@@ -84,7 +97,7 @@ std::string content_text(const json& content, size_t index) {
                             "].content` must be a string or an array of text parts");
   std::string text;
   for (const json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || !string_is(part, "type", "text") || !part.contains("text") ||
         !part["text"].is_string())
       invalid("messages", "`messages[" + std::to_string(index) +
                               "].content` parts must be {\"type\": \"text\", \"text\": ...}");
@@ -177,7 +190,7 @@ OpenAiRequest parse_chat_request(const json& body, const RequestLimits& limits) 
       invalid("messages",
               "`messages[" + std::to_string(i) + "]` must be an object with a string `role`");
     r.messages.push_back(
-        {m["role"].get<std::string>(), content_text(m.value("content", json()), i)});
+        {m["role"].get<std::string>(), content_text(member_or_null(m, "content"), i)});
   }
   parse_common(body, limits, r);
   if (auto lp = opt_bool(body, "logprobs"); lp && *lp) {

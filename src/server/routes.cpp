@@ -10,6 +10,7 @@
 #include "model/falcon_model.h"
 #include "server/http_error.h"
 #include "server/jobs.h"
+#include "server/request_policy.h"
 #include "text/tokenizer.h"
 
 namespace kestrel::server {
@@ -65,8 +66,9 @@ Reply json_reply(int status, const json& body) {
   return r;
 }
 
-Reply error_reply(int status, const std::string& error_type, const std::string& message) {
-  return json_reply(status, {{"error", message}, {"error_type", error_type}});
+Reply error_reply(ErrorKind kind, const std::string& message) {
+  const HttpStatus s = http_status(kind);
+  return json_reply(s.status, {{"error", message}, {"error_type", s.error_type}});
 }
 
 Api::Api(Engine& engine, const text::Tokenizer& tokenizer, ChatTemplate chat_template,
@@ -91,24 +93,87 @@ void Api::release() {
 
 Routed Api::route(const std::string& method, const std::string& target, const std::string& body,
                   const std::string& authorization) {
-  const std::string path = target.substr(0, target.find('?'));
+  RequestHead head;
+  head.method = method;
+  head.target = target;
+  head.authorization = authorization;
+  head.content_type = "application/json";
+  return route(head, body);
+}
+
+Routed Api::route(const RequestHead& head, const std::string& body) {
+  const std::string path = head.target.substr(0, head.target.find('?'));
+  std::vector<std::pair<std::string, std::string>> cors = cors_headers(head.origin);
+  Routed r;
   try {
-    if (!options_.api_key.empty() && path != "/health" &&
-        authorization != "Bearer " + options_.api_key)
-      return answer(error_reply(401, "authentication",
-                                "missing or wrong API key (Authorization: Bearer <key>)"));
-    return dispatch(method, path, body);
-  } catch (const HttpError& e) {
-    if (e.status() == 422) metrics_.request_failed("validation");
-    return answer(error_reply(e.status(), e.error_type(), e.what()));
+    check_head(head, path);
+    r = head.method == "OPTIONS" ? answer(preflight(head, path))
+                                 : dispatch(head.method, path, body);
   } catch (const ValidationError& e) {
-    metrics_.request_failed("validation");
-    return answer(
-        error_reply(422, "validation", std::string("Input validation error: ") + e.what()));
+    metrics_.request_failed(http_status(e.kind()).error_type);
+    r = answer(error_reply(e.kind(), validation_message(e)));
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kInternal) spdlog::error("{} {}: {}", head.method, path, e.what());
+    if (e.kind() == ErrorKind::kInvalidArgument) metrics_.request_failed("validation");
+    r = answer(error_reply(e.kind(), e.kind() == ErrorKind::kInternal
+                                         ? "internal error (the server log has the details)"
+                                         : e.what()));
+    if (e.kind() == ErrorKind::kUnauthenticated)
+      r.reply->headers.emplace_back("WWW-Authenticate",
+                                    head.authorization.empty()
+                                        ? "Bearer realm=\"kestrel\""
+                                        : "Bearer realm=\"kestrel\", error=\"invalid_token\"");
   } catch (const std::exception& e) {
-    spdlog::error("{} {}: {}", method, path, e.what());
-    return answer(error_reply(500, "internal", e.what()));
+    spdlog::error("{} {}: {}", head.method, path, e.what());
+    r = answer(
+        error_reply(ErrorKind::kInternal, "internal error (the server log has the details)"));
   }
+  r.headers = std::move(cors);
+  return r;
+}
+
+void Api::check_head(const RequestHead& head, const std::string& path) const {
+  if (!head.host.empty() &&
+      !host_allowed(head.host, options_.allowed_hosts, options_.allow_ip_hosts))
+    throw Error("the Host header names a host this server does not answer for (--allowed-hosts)",
+                ErrorKind::kForbidden);
+  if (head.method == "OPTIONS") return;  // a preflight carries no credentials
+  if (!options_.api_key.empty() && path != "/health" &&
+      !bearer_matches(head.authorization, options_.api_key))
+    throw Error("missing or wrong API key (Authorization: Bearer <key>)",
+                ErrorKind::kUnauthenticated);
+  if (head.method == "POST" && !head.content_type.empty() && !is_json_media_type(head.content_type))
+    throw Error("the Content-Type header must be application/json",
+                ErrorKind::kUnsupportedMediaType);
+}
+
+std::vector<std::pair<std::string, std::string>> Api::cors_headers(
+    const std::string& origin) const {
+  if (origin.empty() || !origin_allowed(origin, options_.cors_origins)) return {};
+  return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+}
+
+Reply Api::preflight(const RequestHead& head, const std::string& path) const {
+  std::string allow;
+  for (const RouteSpec& r : kRoutes)
+    if (path == r.path) allow += (allow.empty() ? "" : ", ") + std::string(r.method);
+  if (allow.empty()) throw Error("no route OPTIONS " + path, ErrorKind::kNotFound);
+  allow += ", OPTIONS";
+  if (!head.access_control_request_method.empty() &&
+      (head.origin.empty() || !origin_allowed(head.origin, options_.cors_origins)))
+    throw Error(
+        "the Origin header names an origin this server does not allow (--cors-allow-origin)",
+        ErrorKind::kForbidden);
+  Reply r;
+  r.status = 204;
+  r.content_type = "text/plain";
+  r.headers.emplace_back("Allow", allow);
+  if (!head.access_control_request_method.empty()) {
+    r.headers.emplace_back("Access-Control-Allow-Methods", allow);
+    r.headers.emplace_back("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    r.headers.emplace_back("Access-Control-Max-Age", "600");
+  }
+  return r;
 }
 
 Routed Api::dispatch(const std::string& method, const std::string& path, const std::string& body) {
@@ -137,12 +202,12 @@ Routed Api::dispatch(const std::string& method, const std::string& path, const s
   for (const RouteSpec& r : kRoutes)
     if (path == r.path) allow += (allow.empty() ? "" : ", ") + std::string(r.method);
   if (!allow.empty()) {
-    Reply r = error_reply(405, "method_not_allowed",
+    Reply r = error_reply(ErrorKind::kMethodNotAllowed,
                           method + " is not allowed on " + path + " (allowed: " + allow + ")");
     r.headers.emplace_back("Allow", allow);
     return answer(std::move(r));
   }
-  return answer(error_reply(404, "not_found", "no route " + method + " " + path));
+  throw Error("no route " + method + " " + path, ErrorKind::kNotFound);
 }
 
 Routed Api::generate(const std::string& body, bool stream_default, bool from_root) {
@@ -216,12 +281,13 @@ std::optional<AdapterRef> Api::adapter_for_model(const std::string& model) const
                                        options_.model_id +
                                        "') and adapters are not enabled on this server");
   AdapterRef ref{model, AdapterSource::kLocal};
-  // The store resolves an id by its source on every get (loaded or not). A local folder (or a name
-  // under --adapters-dir) first; else an ORG/NAME id is a hub one.
+  // A local adapter (a preloaded name, a name in --adapters-dir) first; else an ORG/NAME id is a
+  // hub one. Which of the two it is, check_adapter() says next.
   try {
     options_.adapters->resolve(model, AdapterSource::kLocal);
     return ref;
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kNotFound && e.kind() != ErrorKind::kInvalidArgument) throw;
   }
   if (looks_like_repo_id(model)) ref.source = AdapterSource::kHub;
   return ref;
@@ -235,8 +301,7 @@ void Api::check_adapter(const AdapterRef& ref, const char* field) {
     options_.adapters->resolve(ref.id, ref.source);
   } catch (const Error& e) {
     metrics_.request_failed("adapter");
-    throw HttpError(404, "not_found",
-                    std::string("`") + field + "`: adapter not found: " + e.what());
+    throw ValidationError(field, std::string("`") + field + "`: " + e.what(), e.kind());
   }
 }
 
@@ -297,11 +362,8 @@ json Api::adapters_json() const {
   json out = json::array();
   if (!options_.adapters) return out;
   for (const LoadedAdapterInfo& a : options_.adapters->loaded())
-    out.push_back({{"name", a.name},
-                   {"folder", a.folder},
-                   {"bytes", a.bytes},
-                   {"rank", a.max_rank},
-                   {"in_use", a.in_use}});
+    out.push_back(
+        {{"name", a.name}, {"bytes", a.bytes}, {"rank", a.max_rank}, {"in_use", a.in_use}});
   return out;
 }
 
@@ -320,7 +382,7 @@ Reply Api::models() const {
                       {"created", 0},
                       {"owned_by", "kestrel"},
                       {"parent", options_.model_id},
-                      {"root", a.folder}});
+                      {"root", a.name}});
   return json_reply(200, {{"object", "list"}, {"data", data}});
 }
 

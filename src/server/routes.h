@@ -33,7 +33,8 @@ struct Reply {
 };
 
 Reply json_reply(int status, const json& body);
-Reply error_reply(int status, const std::string& error_type, const std::string& message);
+// {"error": message, "error_type": ...} with the status of `kind` (http_error.h).
+Reply error_reply(ErrorKind kind, const std::string& message);
 
 // How a job writes its output; implemented by the session, called on its strand.
 class ResponseChannel {
@@ -52,11 +53,20 @@ class GenerationJob {
   virtual void start(ResponseChannel& out) {}
   virtual void on_token(const TokenInfo& token, ResponseChannel& out) = 0;
   virtual void on_finished(const GenerationResult& result, ResponseChannel& out) = 0;
-  virtual void on_error(const std::string& message, ResponseChannel& out) = 0;
+  virtual void on_error(ErrorKind kind, const std::string& message, ResponseChannel& out) = 0;
+};
+
+// What the router reads of a request beside its body (headers absent: "").
+struct RequestHead {
+  std::string method, target;
+  std::string authorization, content_type, host, origin;
+  std::string access_control_request_method;  // set on a CORS preflight
 };
 
 struct Routed {
   std::optional<Reply> reply;  // set: answer this; else submit `request` and drive `job`
+  // Headers every response to this request carries (CORS), the reply's and a stream's alike.
+  std::vector<std::pair<std::string, std::string>> headers;
   GenerationRequest request;
   std::unique_ptr<GenerationJob> job;
   // Set: the session gets this adapter from ApiOptions::adapters (loaded off its thread) into
@@ -69,6 +79,13 @@ struct ApiOptions {
   // The model folder's name: like model_id (and ""), OpenAI's `model` set to it means the base.
   std::string base_model_name;
   std::string api_key;  // empty: no auth
+  // Host header names (lowercase, no port) accepted: the guard against DNS rebinding. "*"
+  // accepts any; allow_ip_hosts accepts any IP literal (a server bound to every address).
+  // A request without a Host header (HTTP/1.0) passes.
+  std::vector<std::string> allowed_hosts = {"*"};
+  bool allow_ip_hosts = false;
+  // Origins a browser page may call from (CORS); "*" any; empty: none (no CORS headers).
+  std::vector<std::string> cors_origins;
   int64_t max_concurrent_requests = 512;
   size_t max_body_bytes = 2 << 20;
   RequestLimits limits;
@@ -82,6 +99,8 @@ class Api {
       ApiOptions options);
 
   // Never throws: client mistakes become 4xx replies, anything else a 500.
+  Routed route(const RequestHead& head, const std::string& body);
+  // A JSON request (Content-Type: application/json, no Host or Origin): tests and the fuzzer.
   Routed route(const std::string& method, const std::string& target, const std::string& body,
                const std::string& authorization);
 
@@ -99,6 +118,11 @@ class Api {
 
  private:
   Routed dispatch(const std::string& method, const std::string& path, const std::string& body);
+  // Host, API key, Content-Type and CORS, before any route: throws Error of the kind to answer.
+  void check_head(const RequestHead& head, const std::string& path) const;
+  // The CORS headers for `origin` (none when it is not allowed or absent).
+  std::vector<std::pair<std::string, std::string>> cors_headers(const std::string& origin) const;
+  Reply preflight(const RequestHead& head, const std::string& path) const;
   Routed generate(const std::string& body, bool stream_default, bool from_root);
   Routed completions(const std::string& body);
   Routed chat(const std::string& body);

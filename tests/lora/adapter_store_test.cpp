@@ -1,10 +1,12 @@
 // The adapter store (src/lora/adapter_store.*) with a fake loader held by a gate: LRU order,
 // leases that block eviction, max_loaded and memory budget refusals, one load for concurrent gets,
-// failures isolated and retried, where names resolve (local, --adapters-dir, the offline hub
-// cache), preload, shutdown; then the real FalconModel::load_adapter on a fixture.
+// failures isolated and retried, where names resolve and what the confinement refuses (absolute
+// paths, '..', symlinks out of --adapters-dir or the hub cache, FIFOs), loads bounded in time,
+// preload, shutdown; then the real FalconModel::load_adapter on a fixture.
 #include "lora/adapter_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -96,10 +98,11 @@ std::vector<std::string> names(const AdapterStore& s) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
+std::string error_of(const std::function<void()>& f, ErrorKind* kind = nullptr) {
   try {
     f();
   } catch (const Error& e) {
+    if (kind) *kind = e.kind();
     return e.what();
   }
   return "(no error)";
@@ -111,21 +114,24 @@ struct Waiter {
   std::condition_variable cv;
   bool done = false;
   std::shared_ptr<const LoraAdapter> adapter;
-  std::string error;
+  std::string error, detail;
+  ErrorKind kind = ErrorKind::kInternal;
   std::thread::id thread;
   AdapterStore::Callback callback() {
-    return [this](std::shared_ptr<const LoraAdapter> ad, const std::string& err) {
+    return [this](std::shared_ptr<const LoraAdapter> ad, const AdapterError* err) {
       std::lock_guard<std::mutex> lock(mu);
       adapter = std::move(ad);
-      error = err;
+      error = err ? err->message : "";
+      detail = err ? err->detail : "";
+      if (err) kind = err->kind;
       thread = std::this_thread::get_id();
       done = true;
       cv.notify_all();
     };
   }
-  bool wait() {
+  bool wait(std::chrono::milliseconds timeout = 10s) {
     std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, 10s, [&] { return done; });
+    return cv.wait_for(lock, timeout, [&] { return done; });
   }
 };
 
@@ -226,8 +232,9 @@ TEST(AdapterStore, ConcurrentGetsShareOneLoad) {
   for (int i = 1; i < 5; ++i)
     threads.emplace_back([&, i] { store.get("a", AdapterSource::kLocal, w[i]->callback()); });
   for (auto& th : threads) th.join();
-  // The same folder by its path joins too.
-  store.get(a, AdapterSource::kLocal, w[5]->callback());
+  // The same folder by another name (a symlink inside the adapters folder) joins too.
+  fs::create_directory_symlink(a, t.path / "alias");
+  store.get("alias", AdapterSource::kLocal, w[5]->callback());
   EXPECT_FALSE(store.is_loaded("a"));
   fake.set_open(true);
   for (auto& x : w) ASSERT_TRUE(x->wait());
@@ -257,8 +264,12 @@ TEST(AdapterStore, FailedLoadFailsOnlyItsGetsAndIsRetried) {
   fake.set_open(true);
   ASSERT_TRUE(b1.wait() && b2.wait() && g.wait());
   EXPECT_EQ(b1.adapter, nullptr);
-  EXPECT_NE(b1.error.find("is broken"), std::string::npos) << b1.error;  // the loader's message
+  // The client's message names the adapter and the rule; the loader's own goes to the detail.
   EXPECT_NE(b1.error.find("adapter 'bad'"), std::string::npos) << b1.error;
+  EXPECT_EQ(b1.error.find("is broken"), std::string::npos) << b1.error;
+  EXPECT_EQ(b1.error.find(t.path.string()), std::string::npos) << b1.error;
+  EXPECT_NE(b1.detail.find("is broken"), std::string::npos) << b1.detail;
+  EXPECT_EQ(b1.kind, ErrorKind::kInvalidArgument);
   EXPECT_EQ(b2.error, b1.error);
   EXPECT_EQ(g.error, "");
   ASSERT_NE(g.adapter, nullptr);
@@ -277,8 +288,7 @@ TEST(AdapterStore, CallbackThreads) {
   Waiter first, second, invalid;
   store.get("a", AdapterSource::kLocal, first.callback());
   ASSERT_TRUE(first.wait());
-  EXPECT_NE(first.thread, std::this_thread::get_id());  // not loaded yet: the loader thread
-  EXPECT_EQ(first.thread, fake.threads.at(0));
+  EXPECT_NE(first.thread, std::this_thread::get_id());  // not loaded yet: a loader thread
   store.get("a", AdapterSource::kLocal, second.callback());
   EXPECT_TRUE(second.done);  // loaded: at once, on the caller's thread
   EXPECT_EQ(second.thread, std::this_thread::get_id());
@@ -287,9 +297,10 @@ TEST(AdapterStore, CallbackThreads) {
   EXPECT_TRUE(invalid.done);
   EXPECT_EQ(invalid.adapter, nullptr);
   EXPECT_NE(invalid.error.find(".."), std::string::npos) << invalid.error;
+  EXPECT_EQ(invalid.kind, ErrorKind::kInvalidArgument);
 }
 
-TEST(AdapterStore, ResolvesLocalFoldersAndNamesUnderAdaptersDir) {
+TEST(AdapterStore, ResolvesNamesOnlyInsideAdaptersDir) {
   TmpDir t;
   Fake fake;
   AdapterStoreOptions o;
@@ -297,25 +308,127 @@ TEST(AdapterStore, ResolvesLocalFoldersAndNamesUnderAdaptersDir) {
   const std::string named = t.make("dir/team/a1");
   const std::string elsewhere = t.make("elsewhere/x");
   AdapterStore store(fake.loader(), o);
-  EXPECT_EQ(store.resolve(elsewhere, AdapterSource::kLocal), elsewhere);
-  EXPECT_EQ(store.resolve((t.path / "elsewhere/../elsewhere/x").string(), AdapterSource::kLocal),
-            elsewhere);  // an existing path is itself, canonical
   EXPECT_EQ(store.resolve("team/a1", AdapterSource::kLocal), named);
-  std::string err = error_of([&] { store.resolve("team/missing", AdapterSource::kLocal); });
+  EXPECT_EQ(store.canonical_name("team/a1", AdapterSource::kLocal), "team/a1");
+  ErrorKind kind;
+  std::string err = error_of([&] { store.resolve("team/missing", AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kNotFound);
   EXPECT_NE(err.find("team/missing"), std::string::npos) << err;
-  EXPECT_NE(err.find((t.path / "dir" / "team/missing").string()), std::string::npos) << err;
-  EXPECT_NE(err.find("--adapters-dir"), std::string::npos) << err;
-  for (const char* bad : {"../elsewhere/x", "team/../../elsewhere/x", "team//a1", "/team/a1"}) {
-    err = error_of([&] { store.resolve(bad, AdapterSource::kLocal); });
-    EXPECT_NE(err.find("may not be absolute or hold '..'"), std::string::npos)
-        << bad << ": " << err;
+  EXPECT_EQ(err.find(t.path.string()), std::string::npos) << err;  // no server path in it
+  // Absolute paths, '..', '.', empty parts: refused before anything is looked at.
+  for (const std::string& bad :
+       {elsewhere, named, std::string("../elsewhere/x"), std::string("team/../../elsewhere/x"),
+        std::string("team//a1"), std::string("./team/a1"), std::string("/team/a1"),
+        std::string("team\\a1"), std::string("a\nb"), std::string(300, 'a')}) {
+    err = error_of([&] { store.resolve(bad, AdapterSource::kLocal); }, &kind);
+    EXPECT_EQ(kind, ErrorKind::kInvalidArgument) << bad << ": " << err;
+    if (bad.find(t.path.string()) == std::string::npos)  // the message echoes the id, no more
+      EXPECT_EQ(err.find(t.path.string()), std::string::npos) << err;
   }
   err = error_of([&] { store.resolve("", AdapterSource::kLocal); });
   EXPECT_NE(err.find("empty"), std::string::npos) << err;
-  // Without --adapters-dir a name is only a path.
+  // A symlink inside the folder to a folder outside it is refused; one to a sibling inside it is
+  // the sibling, under the sibling's canonical name.
+  fs::create_directory_symlink(t.path / "elsewhere/x", t.path / "dir/escape");
+  fs::create_directory_symlink(t.path / "dir/team/a1", t.path / "dir/alias");
+  err = error_of([&] { store.resolve("escape", AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kInvalidArgument);
+  EXPECT_NE(err.find("outside the adapters folder"), std::string::npos) << err;
+  EXPECT_EQ(store.resolve("alias", AdapterSource::kLocal), named);
+  EXPECT_EQ(store.canonical_name("alias", AdapterSource::kLocal), "team/a1");
+  EXPECT_EQ(store.get_sync("alias", AdapterSource::kLocal)->name(), "team/a1");
+  EXPECT_EQ(store.get_sync("team/a1", AdapterSource::kLocal)->name(), "team/a1");
+  EXPECT_EQ(fake.calls_of("a1"), 1);  // two spellings, one adapter
+  EXPECT_EQ(names(store), (std::vector<std::string>{"team/a1"}));
+  // Without --adapters-dir there is no local loading beyond preloaded names.
   AdapterStore plain(fake.loader(), {});
-  err = error_of([&] { plain.resolve("team/a1", AdapterSource::kLocal); });
+  err = error_of([&] { plain.resolve("team/a1", AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kNotFound);
   EXPECT_NE(err.find("no --adapters-dir"), std::string::npos) << err;
+  err = error_of([&] { plain.resolve(named, AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kInvalidArgument);
+  // --allow-adapter-paths: an absolute folder is an id, named by its canonical path.
+  AdapterStoreOptions po;
+  po.allow_paths = true;
+  AdapterStore paths(fake.loader(), po);
+  EXPECT_EQ(paths.resolve(elsewhere, AdapterSource::kLocal), elsewhere);
+  EXPECT_EQ(paths.resolve((t.path / "elsewhere/../elsewhere/x").string(), AdapterSource::kLocal),
+            elsewhere);
+  EXPECT_EQ(paths.canonical_name(elsewhere, AdapterSource::kLocal), elsewhere);
+  err = error_of([&] { paths.resolve((t.path / "nope").string(), AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kNotFound);
+}
+
+// The files of an adapter found by name must stay inside the adapters folder and be plain files:
+// a symlinked weight file leading out, or a FIFO that would block the reader, fail the load.
+TEST(AdapterStore, RefusesFilesLeavingTheFolderAndFifos) {
+  TmpDir t;
+  Fake fake;
+  AdapterStoreOptions o;
+  o.adapters_dir = (t.path / "dir").string();
+  o.load_timeout = 5s;
+  const std::string leak = t.make("dir/leak"), fifo = t.make("dir/fifo"), ok = t.make("dir/ok");
+  std::ofstream(t.path / "secret") << "not for clients";
+  fs::create_symlink(t.path / "secret", fs::path(leak) / "adapter_model.safetensors");
+  ASSERT_EQ(mkfifo((fs::path(fifo) / "adapter_model.safetensors").c_str(), 0600), 0);
+  std::ofstream(fs::path(ok) / "adapter_config.json") << "{}";
+  AdapterStore store(fake.loader(), o);
+  ErrorKind kind;
+  std::string err = error_of([&] { store.get_sync("leak", AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kInvalidArgument);
+  EXPECT_NE(err.find("outside"), std::string::npos) << err;  // the detail, for the CLI and log
+  const auto t0 = std::chrono::steady_clock::now();
+  err = error_of([&] { store.get_sync("fifo", AdapterSource::kLocal); }, &kind);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);  // refused, not read
+  EXPECT_NE(err.find("not a regular file"), std::string::npos) << err;
+  EXPECT_EQ(fake.calls_of("leak") + fake.calls_of("fifo"), 0);  // the loader never ran
+  EXPECT_EQ(store.get_sync("ok", AdapterSource::kLocal)->name(), "ok");
+  // A preload is the operator's own choice: its files are not confined (but still plain).
+  store.preload("mine", leak);
+  EXPECT_TRUE(store.is_loaded("mine"));
+}
+
+// A load that hangs fails its gets after load_timeout with kUnavailable, while other loads go on.
+TEST(AdapterStore, HangingLoadTimesOutAndOthersProceed) {
+  TmpDir t;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::atomic<int> finished{0};
+  AdapterStoreOptions o;
+  o.adapters_dir = t.path.string();
+  o.load_timeout = 300ms;
+  o.load_threads = 2;
+  t.make("slow"), t.make("fast");
+  auto store = std::make_unique<AdapterStore>(
+      [&](const std::string& dir, const std::string& name) {
+        if (fs::path(dir).filename() == "slow") {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return release; });
+        }
+        ++finished;
+        return std::shared_ptr<const LoraAdapter>(std::make_shared<LoraAdapter>(name, dir, 1, 1));
+      },
+      o);
+  Waiter slow, fast;
+  store->get("slow", AdapterSource::kLocal, slow.callback());
+  store->get("fast", AdapterSource::kLocal, fast.callback());
+  ASSERT_TRUE(fast.wait(2s));  // not behind the hanging one
+  EXPECT_EQ(fast.error, "");
+  ASSERT_TRUE(slow.wait(5s));
+  EXPECT_EQ(slow.adapter, nullptr);
+  EXPECT_EQ(slow.kind, ErrorKind::kUnavailable);
+  EXPECT_NE(slow.error.find("did not load within 0.3 s"), std::string::npos) << slow.error;
+  EXPECT_FALSE(store->is_loaded("slow"));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  // The late result is dropped; a new get loads it again.
+  while (finished.load() < 2) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(store->get_sync("slow", AdapterSource::kLocal)->name(), "slow");
+  store.reset();
 }
 
 TEST(AdapterStore, ResolvesTheOfflineHubCache) {
@@ -337,10 +450,19 @@ TEST(AdapterStore, ResolvesTheOfflineHubCache) {
   EXPECT_EQ(store.resolve("org/two", AdapterSource::kHub), only);
   std::string err = error_of([&] { store.resolve("org/three", AdapterSource::kHub); });
   EXPECT_NE(err.find("2 snapshots"), std::string::npos) << err;
-  err = error_of([&] { store.resolve("org/absent", AdapterSource::kHub); });
-  EXPECT_NE(err.find((t.path / "models--org--absent/snapshots").string()), std::string::npos)
-      << err;
+  ErrorKind kind;
+  err = error_of([&] { store.resolve("org/absent", AdapterSource::kHub); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kNotFound);
+  EXPECT_EQ(err.find(t.path.string()), std::string::npos) << err;
   EXPECT_NE(err.find("never downloads"), std::string::npos) << err;
+  // A snapshot that is a symlink out of the cache is refused.
+  TmpDir outside;
+  const std::string out = outside.make("snap");
+  fs::create_directories(t.path / "models--org--escape/snapshots");
+  fs::create_directory_symlink(out, t.path / "models--org--escape/snapshots/s1");
+  err = error_of([&] { store.resolve("org/escape", AdapterSource::kHub); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kInvalidArgument);
+  EXPECT_NE(err.find("outside the Hugging Face cache"), std::string::npos) << err;
   for (const char* bad : {"org/../x", "a/b/c", "", "/org/x"})
     EXPECT_NE(error_of([&] { store.resolve(bad, AdapterSource::kHub); }), "(no error)") << bad;
   // A hub get loads the snapshot under the id.
@@ -386,7 +508,10 @@ TEST(AdapterStore, PreloadOnTheCallersThreadUnderItsName) {
   EXPECT_EQ(store.resolve("mine", AdapterSource::kLocal), dir);
   const auto ad = store.get_sync("mine", AdapterSource::kLocal);
   EXPECT_EQ(ad->name(), "mine");
-  EXPECT_EQ(store.get_sync(dir, AdapterSource::kLocal), ad);  // its folder is the same adapter
+  // Its folder by path is refused like any path (the name is how requests reach it).
+  ErrorKind kind;
+  error_of([&] { store.get_sync(dir, AdapterSource::kLocal); }, &kind);
+  EXPECT_EQ(kind, ErrorKind::kInvalidArgument);
   EXPECT_EQ(fake.calls_of("folder"), 1);
   const auto info = store.loaded();
   ASSERT_EQ(info.size(), 1u);
@@ -408,6 +533,7 @@ TEST(AdapterStore, ShutdownFailsQueuedGetsAndFinishesTheLoadInFlight) {
   Fake fake;
   AdapterStoreOptions o;
   o.adapters_dir = t.path.string();
+  o.load_threads = 1;  // b waits in the queue behind a
   t.make("a"), t.make("b");
   auto store = std::make_unique<AdapterStore>(fake.loader(), o);
   fake.set_open(false);
@@ -451,9 +577,15 @@ TEST(AdapterStore, LoadsFixtureAdaptersWithFalconModel) {
   EXPECT_LE(test::rel_error(logits.data<float>(), lora.f32("a1-r8-attn.logits"),
                             static_cast<size_t>(logits.numel())),
             1e-4);
-  // A folder that is no adapter (the base model's) fails with the loader's reason.
+  // A folder that is no adapter (the base model's) fails with the loader's reason (the CLI's
+  // get_sync carries the detail; a client gets the rule only).
+  AdapterStoreOptions po = o;
+  po.allow_paths = true;
+  AdapterStore paths([&](const std::string& dir,
+                         const std::string& name) { return model.load_adapter(dir, name); },
+                     po);
   const std::string err =
-      error_of([&] { store.get_sync(test::fixture_dir("falcon40b-gqa"), AdapterSource::kLocal); });
+      error_of([&] { paths.get_sync(test::fixture_dir("falcon40b-gqa"), AdapterSource::kLocal); });
   EXPECT_NE(err.find("adapter_config.json"), std::string::npos) << err;
 }
 

@@ -72,6 +72,20 @@ class ApiAdapters : public ::testing::Test {
     api_ = make_api(store_.get());
   }
 
+  // A store like store_ that also takes absolute folder paths (--allow-adapter-paths).
+  std::unique_ptr<AdapterStore> make_path_store() {
+    AdapterStoreOptions so;
+    so.adapters_dir = (root_ / "adir").string();
+    so.hub_cache = (root_ / "hub").string();
+    so.allow_paths = true;
+    auto model = *model_;
+    return std::make_unique<AdapterStore>(
+        [model](const std::string& dir, const std::string& name) {
+          return model->load_adapter(dir, name);
+        },
+        so);
+  }
+
   std::unique_ptr<Api> make_api(AdapterStore* store) {
     ApiOptions ao;
     ao.model_id = "my-falcon";
@@ -115,7 +129,11 @@ TEST_F(ApiAdapters, OpenAiModelRule) {
     EXPECT_FALSE(r.reply) << base << ": " << (r.reply ? r.reply->body : "");
     EXPECT_FALSE(r.adapter) << base;
   }
-  Routed r = completion(*api_, kAdapter);  // a folder path
+  // A folder path: refused unless the server allows paths.
+  expect_error(completion(*api_, kAdapter), 422, "validation", "absolute paths are not accepted");
+  auto path_store = make_path_store();
+  auto path_api = make_api(path_store.get());
+  Routed r = completion(*path_api, kAdapter);
   ASSERT_TRUE(r.adapter);
   EXPECT_EQ(r.adapter->id, kAdapter);
   EXPECT_EQ(r.adapter->source, AdapterSource::kLocal);
@@ -137,10 +155,10 @@ TEST_F(ApiAdapters, OpenAiModelRule) {
 }
 
 TEST_F(ApiAdapters, AdapterIdOnTheLoraxRoutes) {
-  Routed r = generate(*api_, {{"adapter_id", kAdapter}});
+  Routed r = generate(*api_, {{"adapter_id", "named"}});
   ASSERT_FALSE(r.reply) << r.reply->body;
   ASSERT_TRUE(r.adapter);
-  EXPECT_EQ(r.adapter->id, kAdapter);
+  EXPECT_EQ(r.adapter->id, "named");
   EXPECT_FALSE(r.request.adapter);  // set by the session once the store has it
   r = generate(*api_, {{"adapter_id", "org/e1"}, {"adapter_source", "hub"}});
   ASSERT_TRUE(r.adapter);
@@ -149,8 +167,16 @@ TEST_F(ApiAdapters, AdapterIdOnTheLoraxRoutes) {
   EXPECT_FALSE(r.reply);
   EXPECT_FALSE(r.adapter);
 
-  expect_error(generate(*api_, {{"adapter_id", (root_ / "missing").string()}}), 404, "not_found",
-               (root_ / "missing").string());
+  // Outside the adapters folder: refused before the file system is asked, and no path comes back.
+  for (const std::string& id :
+       {kAdapter, (root_ / "missing").string(), std::string("../adir/named"),
+        std::string("named/../../adir/named")}) {
+    Routed bad = generate(*api_, {{"adapter_id", id}});
+    expect_error(bad, 422, "validation", "adapter_id");
+    if (id.find(root_.string()) == std::string::npos)  // the message echoes the id, no more
+      EXPECT_EQ(bad.reply->body.find(root_.string()), std::string::npos) << bad.reply->body;
+  }
+  expect_error(generate(*api_, {{"adapter_id", "missing"}}), 404, "not_found", "missing");
   // The hub source never looks at local folders, and the local source not at the hub cache.
   expect_error(generate(*api_, {{"adapter_id", "named"}, {"adapter_source", "hub"}}), 404,
                "not_found", "named");
@@ -159,7 +185,7 @@ TEST_F(ApiAdapters, AdapterIdOnTheLoraxRoutes) {
                "'s3'");
   // Before any request failed that way, nothing was counted; now both kinds are.
   const std::string metrics = api_->metrics().render(engine_->stats());
-  EXPECT_NE(metrics.find("lorax_request_failure{err=\"adapter\"} 3\n"), std::string::npos)
+  EXPECT_NE(metrics.find("lorax_request_failure{err=\"adapter\"} 7\n"), std::string::npos)
       << metrics;
 }
 
@@ -192,7 +218,7 @@ TEST_F(ApiAdapters, ModelsAndInfoListLoadedAdapters) {
   ASSERT_EQ(info["adapters"].size(), 1u);
   const json& i = info["adapters"][0];
   EXPECT_EQ(i["name"], "named");
-  EXPECT_EQ(fs::path(i["folder"].get<std::string>()).filename(), "named");
+  EXPECT_FALSE(i.contains("folder"));  // no server path reaches a client
   EXPECT_EQ(i["rank"], 8);
   EXPECT_GT(i["bytes"].get<int64_t>(), 0);
   EXPECT_TRUE(i["in_use"].get<bool>());  // `lease` holds it

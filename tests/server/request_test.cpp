@@ -163,18 +163,76 @@ TEST(GenerateRequest, BestOfNotWhenStreaming) {
       2);
 }
 
-TEST(JsonBody, MalformedIs400InvalidUtf8Is422) {
+// The kind of the Error `f` throws, and its message and field (a ValidationError's) in `what`.
+template <typename F>
+ErrorKind kind_of(F f, std::string* what = nullptr, std::string* field = nullptr) {
   try {
-    parse_json_object(R"({"inputs": "x")");
-    FAIL();
-  } catch (const HttpError& e) {
-    EXPECT_EQ(e.status(), 400);
+    f();
+  } catch (const ValidationError& e) {
+    if (what) *what = e.what();
+    if (field) *field = e.field();
+    return e.kind();
+  } catch (const Error& e) {
+    if (what) *what = e.what();
+    return e.kind();
   }
-  EXPECT_THROW(parse_json_object("[1, 2]"), HttpError);
-  EXPECT_THROW(parse_json_object(""), HttpError);
+  ADD_FAILURE() << "no kestrel::Error";
+  return ErrorKind::kInternal;
+}
+
+TEST(JsonBody, MalformedIs400InvalidUtf8Is422) {
+  for (const char* body : {R"({"inputs": "x")", "[1, 2]", "", "null", "{inputs: 1}"})
+    EXPECT_EQ(kind_of([&] { parse_json_object(body); }), ErrorKind::kMalformed) << body;
   EXPECT_THROW(parse_json_object("{\"inputs\": \"\xff\xfe\"}"), ValidationError);
-  EXPECT_THROW(parse_json_object(R"({"inputs": "\udc00"})"), ValidationError);
+  std::string what, field;
+  EXPECT_EQ(kind_of([] { parse_json_object(R"({"inputs": "\udc00"})"); }, &what, &field),
+            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(field, "inputs");
+  EXPECT_NE(what.find("surrogate"), std::string::npos) << what;
   EXPECT_NO_THROW(parse_json_object(R"({"inputs": "caf\u00e9 \ud83d\ude00"})"));
+}
+
+std::string nested(const std::string& key, int depth, const char* open, const char* close) {
+  std::string s = "{\"" + key + "\": ";
+  for (int i = 0; i < depth; ++i) s += open;
+  for (int i = 0; i < depth; ++i) s += close;
+  return s + "}";
+}
+
+// Nesting past kMaxJsonDepth is a 422 naming the field and the path, found while parsing (the
+// parser never recurses; a million levels cost nothing but the scan).
+TEST(JsonBody, NestingBeyondTheBoundIs422NamingThePath) {
+  EXPECT_NO_THROW(parse_json_object(nested("a", kMaxJsonDepth - 1, "[", "]")));
+  for (const char* open : {"[", "{\"k\": "}) {
+    const char* close = open[0] == '[' ? "]" : "}";
+    std::string what, field;
+    const std::string body = nested("parameters", 1000000, open, close);
+    EXPECT_EQ(kind_of([&] { parse_json_object(body); }, &what, &field),
+              ErrorKind::kInvalidArgument);
+    EXPECT_EQ(field, "parameters");
+    EXPECT_NE(what.find("nests deeper than 64"), std::string::npos) << what;
+  }
+  // An OpenAI message's content, the field that once overflowed the stack.
+  std::string body = R"({"messages": [{"role": "user", "content": )";
+  for (int i = 0; i < 200000; ++i) body += "[";
+  std::string what, field;
+  EXPECT_EQ(kind_of([&] { parse_json_object(body); }, &what, &field), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(field, "messages");
+  EXPECT_NE(what.find("`messages[0].content[0]"), std::string::npos) << what;
+}
+
+TEST(JsonBody, NumberOutOfRangeIs422NamingTheField) {
+  for (const char* body :
+       {R"({"parameters": {"temperature": 1e400}})", R"({"parameters": {"seed": -1e999}})"}) {
+    std::string what, field;
+    EXPECT_EQ(kind_of([&] { parse_json_object(body); }, &what, &field), ErrorKind::kInvalidArgument)
+        << body;
+    EXPECT_EQ(field, "parameters");
+    EXPECT_NE(what.find("out of range"), std::string::npos) << what;
+    EXPECT_NE(what.find("parameters."), std::string::npos) << what;
+  }
+  // Big integers are not doubles: they parse, and the typed access refuses them.
+  EXPECT_NO_THROW(parse_json_object(R"({"n": 123456789012345678901234567890})"));
 }
 
 TEST(Utf8, Validation) {

@@ -140,7 +140,7 @@ def raw_exchange(url, data, read_timeout=10):
 
 def test_truncated_body_and_garbage(url):
     # Content-Length promises more than arrives, then the client half-closes.
-    resp = raw_exchange(url, b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    resp = raw_exchange(url, b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                              b"Content-Length: 100\r\n\r\n{\"inputs\": \"hel")
     assert b" 500 " not in resp.split(b"\r\n", 1)[0]
     resp = raw_exchange(url, b"THIS IS NOT HTTP\r\n\r\n")
@@ -148,7 +148,7 @@ def test_truncated_body_and_garbage(url):
 
 
 def test_pipelined_requests(url):
-    req = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    req = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     resp = raw_exchange(url, req * 3)
     assert resp.count(b"HTTP/1.1 200") == 3
 
