@@ -23,15 +23,16 @@ BINARY = Path(os.environ.get("KESTREL_BINARY", ROOT / "build" / "kestrel"))
 class Server:
     """One `kestrel serve` process; its stderr is kept for failure messages."""
 
-    def __init__(self, *extra_args, env=None):
+    def __init__(self, *extra_args, env=None, prefix=(), cwd=None):
+        """`prefix`: a command the server runs under (strace); `cwd`: its working folder."""
         if not BINARY.exists():
             pytest.skip(f"{BINARY} not built (set KESTREL_BINARY)")
-        self.args = [str(BINARY), "serve", "--model", str(MODEL), "--host", "127.0.0.1",
+        self.args = [*prefix, str(BINARY), "serve", "--model", str(MODEL), "--host", "127.0.0.1",
                      "--port", "0", *map(str, extra_args),
                      # e.g. KESTREL_SERVE_ARGS="--tensor-parallel 2": the suite against other setups.
                      *os.environ.get("KESTREL_SERVE_ARGS", "").split()]
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, env=env, cwd=cwd)
         self.stderr_lines = []
         self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
         self._stderr_thread.start()

@@ -216,10 +216,13 @@ def test_broken_adapters_fail_alone(lora_server, lurl, layout):
     for name in ("corrupt", "rank", "dora"):
         assert_error(generate(lurl, PROMPTS[0], adapter_id=str(layout / name)), 422,
                      str(layout / name), "could not be loaded")
-    # The reasons are in the log.
-    log = lora_server.stderr()
-    for reason in ("adapter_model.safetensors", "rank 4", "use_dora"):
-        assert reason in log, reason
+    # The reasons are in the log (read by a thread of the test: wait for it to catch up).
+    reasons = ("adapter_model.safetensors", "rank 4", "use_dora")
+    deadline = time.time() + 10
+    while time.time() < deadline and not all(r in lora_server.stderr() for r in reasons):
+        time.sleep(0.05)
+    for reason in reasons:
+        assert reason in lora_server.stderr(), reason
     # The same through OpenAI's model and the stream route.
     r = requests.post(lurl + "/v1/completions", json={
         "model": str(layout / "dora"), "prompt": "x", "max_tokens": 2}, timeout=60)
