@@ -1,5 +1,6 @@
-// Element types of tensors and the float16 / bfloat16 conversions the CPU
-// backend and the loaders use (round-to-nearest-even, as PyTorch does).
+// Element types of tensors and the float16 / bfloat16 / FP8 conversions the CPU
+// backend and the loaders use (round-to-nearest-even, as PyTorch does; FP8
+// saturating, as quantizers want).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +11,13 @@
 
 namespace kestrel {
 
-enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
+enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8, kF8E4M3, kF8E5M2 };
+
+// FP8 E4M3 as torch.float8_e4m3fn and NVIDIA's e4m3: bias 7, no infinity, 0x7f / 0xff NaN,
+// largest finite 448.
+inline constexpr float kF8E4M3Max = 448.0f;
+// FP8 E5M2 as torch.float8_e5m2: bias 15, infinities, largest finite 57344.
+inline constexpr float kF8E5M2Max = 57344.0f;
 
 size_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);  // safetensors spelling: "F32", "BF16", ...
@@ -35,7 +42,19 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
-// Converts n elements of src (F32, F16 or BF16) to float32.
+float f8e4m3_to_f32(uint8_t v);
+float f8e5m2_to_f32(uint8_t v);
+// Round to nearest even; magnitudes past the largest finite value saturate to it (no infinity);
+// NaN stays NaN.
+uint8_t f32_to_f8e4m3(float f);
+uint8_t f32_to_f8e5m2(float f);
+
+// Whether `dtype` is one of the FP8 types.
+inline bool is_fp8(DType dtype) {
+  return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;
+}
+
+// Converts n elements of src (F32, F16, BF16, F8_E4M3 or F8_E5M2) to float32.
 void convert_to_f32(const void* src, DType dtype, size_t n, float* dst);
 
 }  // namespace kestrel

@@ -40,6 +40,8 @@ ncclDataType_t nccl_type(DType dtype) {
     case DType::kI64:
       return ncclInt64;
     case DType::kU8:
+    case DType::kF8E4M3:  // moved as bytes (sums of FP8 are not taken)
+    case DType::kF8E5M2:
       return ncclUint8;
   }
   KESTREL_FAIL("NCCL: unknown dtype");
