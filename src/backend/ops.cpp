@@ -239,6 +239,19 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   KESTREL_CHECK(!bias.defined() || bias.numel() == weight.dim(0), "linear: bias ",
                 shape_str(bias.shape()), " for ", weight.dim(0), " outputs");
   same_device("linear", x, weight);
+  if (weight.dtype() == DType::kF8E4M3) {
+    const Tensor* s = epilogue.weight_scale;
+    KESTREL_CHECK(s && s->defined() && s->dtype() == DType::kF32 &&
+                      (s->numel() == weight.dim(0) || s->numel() == 1),
+                  "linear: an F8_E4M3 weight [", weight.dim(0),
+                  ", ...] needs F32 scales of one per row or one in all");
+    same_device("linear", x, *s);
+  } else {
+    KESTREL_CHECK(weight.dtype() == act_dtype(x), "linear: weight dtype ",
+                  dtype_name(weight.dtype()), " for activations of ", dtype_name(act_dtype(x)));
+    KESTREL_CHECK(!epilogue.weight_scale && !epilogue.fp8_activations,
+                  "linear: weight scales or FP8 activations need an F8_E4M3 weight");
+  }
   KESTREL_CHECK(!epilogue.accumulate || out.raw() != x.raw(),
                 "linear: accumulate needs out apart from x");
   if (epilogue.addend) {
@@ -253,6 +266,13 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
                   dtype_name(out.dtype()));
   }
   KESTREL_DISPATCH(x, linear, x, weight, bias, out, epilogue);
+}
+
+void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
+  KESTREL_CHECK(weight.defined() && weight.ndim() == 2, "quantize_fp8: weight must be 2-D");
+  KESTREL_CHECK(weight.dtype() == weight_dtype(weight.device()), "quantize_fp8: weight dtype ",
+                dtype_name(weight.dtype()));
+  KESTREL_DISPATCH(weight, quantize_fp8, weight, q, scale);
 }
 
 void gelu(Tensor& x) {

@@ -61,7 +61,20 @@ struct LinearEpilogue {
   bool gelu = false;
   bool accumulate = false;
   const Tensor* addend = nullptr;
+  // FP8 weights (weight F8_E4M3): the F32 scales that dequantize it, one per output row [out] or
+  // one for the tensor [1]: y = x @ (weight * scale)^T. Required with an FP8 weight, refused with
+  // any other.
+  const Tensor* weight_scale = nullptr;
+  // With an FP8 weight: x rounded per row to E4M3 with a dynamic scale (the row's amax / 448)
+  // before the product, as the FP8 tensor-core GEMM does. The CPU does it when asked (to compute
+  // what the GPU computes); without it the CPU multiplies x as it is.
+  bool fp8_activations = false;
 };
+
+// FP8 E4M3 weights: q [out, in] F8_E4M3 and scale [out] F32 with weight ~ q * scale, one scale
+// per output row (the row's amax / 448; 1 for a row of zeros), rounded to nearest even and
+// saturating. weight [out, in] in the device's weight dtype.
+void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);
 
 // out = epilogue(x @ weight^T (+ bias)). x [T, in], weight [out, in], bias [out] or undefined.
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,

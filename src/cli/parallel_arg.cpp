@@ -17,6 +17,13 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& a, bool processes) {
                   "ranks of tensor parallelism (CPU: threads of this process; CUDA: GPUs)")
       ->capture_default_str();
   cmd->add_flag("--verbose", a.verbose, "print each rank's loaded weight bytes");
+  cmd->add_option("--quantize", a.quantize,
+                  "fp8: the linears' weights as FP8 E4M3 with one scale per output channel, "
+                  "quantized at load (embeddings, norms and lm_head stay as they are)")
+      ->check(CLI::IsMember({"fp8"}));
+  cmd->add_flag("--fp8-activations", a.fp8_activations,
+                "with --quantize fp8 on the CPU: round activations to FP8 per row before each "
+                "product, as the GPU's FP8 GEMM does");
   if (!processes) return;
   cmd->add_option("--nnodes", a.nnodes,
                   "processes of tensor parallelism, one rank each (every one runs this command)")
@@ -59,9 +66,17 @@ FalconModel load_process_rank(const std::string& dir, Device device, const Paral
 
 }  // namespace
 
+WeightQuant weight_quant(const ParallelArgs& a) {
+  if (a.fp8_activations && a.quantize != "fp8")
+    KESTREL_FAIL("--fp8-activations needs --quantize fp8");
+  return {.fp8 = a.quantize == "fp8", .fp8_activations = a.fp8_activations};
+}
+
 FalconModel load_model(const std::string& dir, Device device, const ParallelArgs& a) {
+  const WeightQuant quant = weight_quant(a);
+  if (quant.fp8 && a.nnodes > 1) KESTREL_FAIL("--quantize fp8 with --nnodes is not supported yet");
   FalconModel model = a.nnodes > 1 ? load_process_rank(dir, device, a)
-                                   : FalconModel::load(dir, device, a.tensor_parallel);
+                                   : FalconModel::load(dir, device, a.tensor_parallel, quant);
   if (a.verbose) {
     const std::vector<int64_t> bytes = model.rank_weight_bytes();
     int64_t total = 0;

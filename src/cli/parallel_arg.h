@@ -1,6 +1,7 @@
-// --tensor-parallel N (alias --num-shard, LoRAX's name) and --verbose for the model commands
-// (logits, generate, serve, bench): N ranks of tensor parallelism, checked before any weight is
-// read.
+// How the model commands (logits, generate, serve, bench) load the model: --tensor-parallel N
+// (alias --num-shard, LoRAX's name; N ranks, checked before any weight is read), --quantize fp8
+// (LoRAX / TGI's spelling: FP8 E4M3 linears, FalconModel's WeightQuant), --fp8-activations and
+// --verbose.
 #pragma once
 
 #include <string>
@@ -19,7 +20,12 @@ struct ParallelArgs {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  std::string quantize;          // "" or "fp8"
+  bool fp8_activations = false;  // CPU: round activations to FP8 as the CUDA FP8 GEMM does
 };
+
+// The WeightQuant --quantize / --fp8-activations ask for.
+WeightQuant weight_quant(const ParallelArgs& a);
 
 // processes: also --nnodes, --node-rank, --master-addr, --master-port (commands whose every
 // process runs the same batches: logits, bench; only rank 0 writes results).

@@ -35,15 +35,19 @@ Tensor host_tensor(const std::vector<float>& v, Shape shape) {
 
 }  // namespace
 
-FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_parallel) {
-  if (tensor_parallel != 1) return load_parallel(dir, device, tensor_parallel);
+FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_parallel,
+                              const WeightQuant& quant) {
+  if (tensor_parallel != 1) {
+    if (quant.fp8) KESTREL_FAIL("--quantize fp8 with --tensor-parallel is not supported yet");
+    return load_parallel(dir, device, tensor_parallel);
+  }
   FalconConfig config = FalconConfig::from_model_dir(dir);
   WeightStore store = WeightStore::open_folder(dir);
-  return from_store(config, store, device);
+  return from_store(config, store, device, quant);
 }
 
 FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStore& store,
-                                    Device device) {
+                                    Device device, const WeightQuant& quant) {
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
@@ -65,52 +69,73 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
   };
   spdlog::info("loading {} tensors ({:.2f} GiB) to {}", specs.size(), total_bytes / 1073741824.0,
                device == Device::kCuda ? "cuda" : "cpu");
-  FalconModel m = build(config, device, has_lm_head, [&](const std::string& name) {
-    const TensorInfo& info = store.get(name);
-    Tensor t = ops::upload_weight(info.data, info.dtype, info.shape, dtype, device);
-    done_bytes += static_cast<int64_t>(info.nbytes);
-    ++done;
-    spdlog::debug("loaded {} {} ({} of {})", name, shape_str(info.shape), done, specs.size());
-    // A progress line at every tenth of the bytes.
-    if (total_bytes > 0 && done_bytes * 10 >= next_report * total_bytes) {
-      while (done_bytes * 10 >= next_report * total_bytes) ++next_report;
-      spdlog::info("load {:3d}%: {} of {} tensors, {:.2f} of {:.2f} GiB, {:.1f} s",
-                   static_cast<int>(done_bytes * 100 / total_bytes), done, specs.size(),
-                   done_bytes / 1073741824.0, total_bytes / 1073741824.0, seconds());
-    }
-    return t;
-  });
+  FalconModel m = build(
+      config, device, has_lm_head,
+      [&](const std::string& name) {
+        const TensorInfo& info = store.get(name);
+        Tensor t = ops::upload_weight(info.data, info.dtype, info.shape, dtype, device);
+        done_bytes += static_cast<int64_t>(info.nbytes);
+        ++done;
+        spdlog::debug("loaded {} {} ({} of {})", name, shape_str(info.shape), done, specs.size());
+        // A progress line at every tenth of the bytes.
+        if (total_bytes > 0 && done_bytes * 10 >= next_report * total_bytes) {
+          while (done_bytes * 10 >= next_report * total_bytes) ++next_report;
+          spdlog::info("load {:3d}%: {} of {} tensors, {:.2f} of {:.2f} GiB, {:.1f} s",
+                       static_cast<int>(done_bytes * 100 / total_bytes), done, specs.size(),
+                       done_bytes / 1073741824.0, total_bytes / 1073741824.0, seconds());
+        }
+        return t;
+      },
+      quant);
   ops::synchronize(device);
   const double secs = seconds();
   spdlog::info("loaded {:.2f} GiB of weights in {:.2f} s ({:.2f} GB/s)", total_bytes / 1073741824.0,
                secs, secs > 0 ? total_bytes / secs / 1e9 : 0.0);
+  spdlog::info("weights: linears {}, the rest {}; {} bytes ({:.3f} GiB) on {}",
+               dtype_name(m.linear_weight_dtype()), dtype_name(m.act_dtype()), m.weight_bytes(),
+               m.weight_bytes() / 1073741824.0, device == Device::kCuda ? "cuda" : "cpu");
   return m;
 }
 
-FalconModel FalconModel::random(const FalconConfig& config, Device device, uint64_t seed) {
+FalconModel FalconModel::random(const FalconConfig& config, Device device, uint64_t seed,
+                                const WeightQuant& quant) {
   const bool has_lm_head = !config.tie_word_embeddings;
   std::map<std::string, Shape> shapes;
   for (const WeightSpec& w : falcon_weight_specs(config, has_lm_head)) shapes[w.name] = w.shape;
   const DType dtype = ops::weight_dtype(device);
   uint64_t n = 0;
-  return build(config, device, has_lm_head, [&](const std::string& name) {
-    // As random-model draws them: norms 1 (weights) / 0 (biases), linears U(+-0.02 sqrt 3).
-    const bool is_norm =
-        name.find("ln") != std::string::npos || name.find("layernorm") != std::string::npos;
-    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    const float constant = is_norm && !is_bias ? 1.0f : 0.0f;
-    const float amp = is_norm || is_bias ? 0.0f : 0.02f * std::sqrt(3.0f);
-    return ops::random_uniform(shapes.at(name), dtype, device, seed * 0x9e3779b97f4a7c15ull + ++n,
-                               amp, constant);
-  });
+  return build(
+      config, device, has_lm_head,
+      [&](const std::string& name) {
+        // As random-model draws them: norms 1 (weights) / 0 (biases), linears U(+-0.02 sqrt 3).
+        const bool is_norm =
+            name.find("ln") != std::string::npos || name.find("layernorm") != std::string::npos;
+        const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+        const float constant = is_norm && !is_bias ? 1.0f : 0.0f;
+        const float amp = is_norm || is_bias ? 0.0f : 0.02f * std::sqrt(3.0f);
+        return ops::random_uniform(shapes.at(name), dtype, device,
+                                   seed * 0x9e3779b97f4a7c15ull + ++n, amp, constant);
+      },
+      quant);
 }
 
 FalconModel FalconModel::build(const FalconConfig& config, Device device, bool has_lm_head,
-                               const std::function<Tensor(const std::string&)>& load) {
+                               const std::function<Tensor(const std::string&)>& load,
+                               const WeightQuant& quant) {
   FalconModel m;
   m.config_ = config;
   m.device_ = device;
   m.act_dtype_ = ops::weight_dtype(device);
+  m.quant_ = quant;
+  // A linear's weight as loaded, or with --quantize fp8 its FP8 codes (the loaded tensor is
+  // dropped as soon as it is converted: one tensor at a time is held at full width).
+  auto linear_w = [&](const std::string& name, Tensor& scale) {
+    Tensor w = load(name);
+    if (!quant.fp8) return w;
+    Tensor q;
+    ops::quantize_fp8(w, q, scale);
+    return q;
+  };
   if (device == Device::kCuda) m.graphs_ = std::make_shared<DecodeGraphs>();
   auto load_opt = [&](const std::string& name) { return config.bias ? load(name) : Tensor(); };
 
@@ -128,13 +153,13 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
       w.ln_mlp_w = load(p + "post_attention_layernorm.weight");
       w.ln_mlp_b = load(p + "post_attention_layernorm.bias");
     }
-    w.qkv_w = load(p + "self_attention.query_key_value.weight");
+    w.qkv_w = linear_w(p + "self_attention.query_key_value.weight", w.qkv_s);
     w.qkv_b = load_opt(p + "self_attention.query_key_value.bias");
-    w.dense_w = load(p + "self_attention.dense.weight");
+    w.dense_w = linear_w(p + "self_attention.dense.weight", w.dense_s);
     w.dense_b = load_opt(p + "self_attention.dense.bias");
-    w.fc1_w = load(p + "mlp.dense_h_to_4h.weight");
+    w.fc1_w = linear_w(p + "mlp.dense_h_to_4h.weight", w.fc1_s);
     w.fc1_b = load_opt(p + "mlp.dense_h_to_4h.bias");
-    w.fc2_w = load(p + "mlp.dense_4h_to_h.weight");
+    w.fc2_w = linear_w(p + "mlp.dense_4h_to_h.weight", w.fc2_s);
     w.fc2_b = load_opt(p + "mlp.dense_4h_to_h.bias");
     m.layers_.push_back(std::move(w));
   }
@@ -151,6 +176,24 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
     m.set_alibi_slopes(slopes);
   }
   return m;
+}
+
+DType FalconModel::linear_weight_dtype() const {
+  return quant_.fp8 ? DType::kF8E4M3 : act_dtype_;
+}
+
+int64_t FalconModel::weight_bytes() const {
+  int64_t n = 0;
+  auto add = [&](const Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
+  add(word_embeddings_);
+  if (lm_head_.raw() != word_embeddings_.raw()) add(lm_head_);
+  add(ln_f_w_), add(ln_f_b_);
+  for (const FalconLayerWeights& w : layers_)
+    for (const Tensor* t : {&w.ln_attn_w, &w.ln_attn_b, &w.ln_mlp_w, &w.ln_mlp_b, &w.qkv_w,
+                            &w.qkv_b, &w.dense_w, &w.dense_b, &w.fc1_w, &w.fc1_b, &w.fc2_w,
+                            &w.fc2_b, &w.qkv_s, &w.dense_s, &w.fc1_s, &w.fc2_s})
+      add(*t);
+  return n;
 }
 
 void FalconModel::set_alibi_slopes(const std::vector<float>& slopes) {
@@ -303,10 +346,18 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const float eps = static_cast<float>(c.layer_norm_epsilon);
 
+  // A linear's epilogue with its FP8 scales (none for weights at full width).
+  auto fp8 = [this](const Tensor& scale, ops::LinearEpilogue e = {}) {
+    if (scale.defined()) {
+      e.weight_scale = &scale;
+      e.fp8_activations = quant_.fp8_activations;
+    }
+    return e;
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const FalconLayerWeights& w = layers_[l];
     ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
-    ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv);
+    ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv, fp8(w.qkv_s));
     lora.add(l, LoraModule::kQkv, ln_a, qkv);
     ops::qkv_rotary_kv_write(qkv, cos, sin, slots, q, k, v, cache.k(l), cache.v(l));
     ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
@@ -315,7 +366,7 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     // GELU in fc1's epilogue unless an adapter's delta must land before it.
     const bool fuse_gelu = lora.empty();
     auto fc1_gelu = [&](const Tensor& mlp_in) {
-      ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn, {.gelu = fuse_gelu});
+      ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn, fp8(w.fc1_s, {.gelu = fuse_gelu}));
       if (!fuse_gelu) {
         lora.add(l, LoraModule::kFc1, mlp_in, ffn);
         ops::gelu(ffn);
@@ -328,38 +379,39 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
       // add's pass but rounded twice: lora-falcon40b-gqa's graphs went to 0.022 of the CPU's
       // logits against the 0.02 bound).
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
-      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out, fp8(w.dense_s));
       lora.add(l, LoraModule::kDense, attn_flat, attn_out);
       if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       fc1_gelu(mlp_in);
-      ops::linear(ffn, w.fc2_w, w.fc2_b, x, {.accumulate = true, .addend = &attn_out});
+      ops::linear(ffn, w.fc2_w, w.fc2_b, x,
+                  fp8(w.fc2_s, {.accumulate = true, .addend = &attn_out}));
       lora.add(l, LoraModule::kFc2, ffn, x);
     } else if (c.parallel_attn) {  // row-parallel partial sums: ONE all-reduce for both
-      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out, fp8(w.dense_s));
       lora.add(l, LoraModule::kDense, attn_flat, attn_out);
       const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
       if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       fc1_gelu(mlp_in);
-      ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out, fp8(w.fc2_s));
       lora.add(l, LoraModule::kFc2, ffn, mlp_out);
       ops::add(attn_out, mlp_out, Tensor(), attn_out);
       all_reduce(attn_out);
       ops::add(x, attn_out, Tensor(), x);
     } else if (!tp_.comm) {
-      ops::linear(attn_flat, w.dense_w, w.dense_b, x, into_x);
+      ops::linear(attn_flat, w.dense_w, w.dense_b, x, fp8(w.dense_s, into_x));
       lora.add(l, LoraModule::kDense, attn_flat, x);
       ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       fc1_gelu(ln_m);
-      ops::linear(ffn, w.fc2_w, w.fc2_b, x, into_x);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, x, fp8(w.fc2_s, into_x));
       lora.add(l, LoraModule::kFc2, ffn, x);
     } else {
-      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out);
+      ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out, fp8(w.dense_s));
       lora.add(l, LoraModule::kDense, attn_flat, attn_out);
       all_reduce(attn_out);
       ops::add(x, attn_out, Tensor(), x);
       ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       fc1_gelu(ln_m);
-      ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out, fp8(w.fc2_s));
       lora.add(l, LoraModule::kFc2, ffn, mlp_out);
       all_reduce(mlp_out);
       ops::add(x, mlp_out, Tensor(), x);

@@ -22,6 +22,16 @@ struct TpGroup;
 class LoraPlan;
 class DecodeGraphs;
 
+// How the linears' weights are held (--quantize) and how their FP8 products round activations.
+struct WeightQuant {
+  // query_key_value, dense, dense_h_to_4h and dense_4h_to_h as FP8 E4M3 with one F32 scale per
+  // output row (ops::quantize_fp8); embeddings, norms and the lm_head stay as they are.
+  bool fp8 = false;
+  // With fp8, activations rounded to FP8 per row before each product (ops::LinearEpilogue): what
+  // the CUDA FP8 GEMM computes; the CPU does it only when asked.
+  bool fp8_activations = false;
+};
+
 struct FalconLayerWeights {
   Tensor ln_attn_w, ln_attn_b;  // input_layernorm, or ln_attn
   Tensor ln_mlp_w, ln_mlp_b;    // ln_mlp (two norms) or post_attention_layernorm (sequential)
@@ -29,6 +39,8 @@ struct FalconLayerWeights {
   Tensor dense_w, dense_b;      // [hidden, n_heads d]
   Tensor fc1_w, fc1_b;          // dense_h_to_4h [ffn, hidden]
   Tensor fc2_w, fc2_b;          // dense_4h_to_h [hidden, ffn]
+  // With WeightQuant::fp8 the four weights above are F8_E4M3 and these their F32 row scales.
+  Tensor qkv_s, dense_s, fc1_s, fc2_s;
 };
 
 class FalconModel {
@@ -36,7 +48,7 @@ class FalconModel {
   // Loads DIR (config.json + safetensors), validating every tensor against
   // the config. Throws kestrel::Error naming the file and the reason.
   static FalconModel load(const std::string& dir, Device device = Device::kCpu,
-                          int tensor_parallel = 1);
+                          int tensor_parallel = 1, const WeightQuant& quant = {});
   // Tensor parallelism over N ranks (falcon_model_tp.cpp): rank r reads only its slice of every
   // tensor (parallel/sharding.h); CPU ranks are threads with the in-process communicator, CUDA
   // ranks use NCCL. N is checked against the heads and the visible GPUs before any weight is
@@ -45,8 +57,8 @@ class FalconModel {
   static FalconModel load_parallel(const std::string& dir, Device device, int tensor_parallel);
   static FalconModel from_store_parallel(const FalconConfig& config, const WeightStore& store,
                                          Device device, int tensor_parallel);
-  static FalconModel from_store(const FalconConfig& config, const WeightStore& store,
-                                Device device);
+  static FalconModel from_store(const FalconConfig& config, const WeightStore& store, Device device,
+                                const WeightQuant& quant = {});
   // One rank of tensor parallelism across processes (--nnodes; parallel/process_group.h): rank
   // comm->rank() of comm->size(), its slice read from DIR. Every process runs the same forwards;
   // each gets the whole logits (the lm_head's vocabulary shards are all-gathered).
@@ -54,11 +66,17 @@ class FalconModel {
                                        std::shared_ptr<Communicator> comm);
   // Random weights at the config's shapes, drawn on the device (benchmarks:
   // no files written or read).
-  static FalconModel random(const FalconConfig& config, Device device, uint64_t seed = 0);
+  static FalconModel random(const FalconConfig& config, Device device, uint64_t seed = 0,
+                            const WeightQuant& quant = {});
 
   const FalconConfig& config() const { return config_; }
   Device device() const { return device_; }
   DType act_dtype() const { return act_dtype_; }
+  const WeightQuant& quant() const { return quant_; }
+  // The dtype of the linears' weights (F8_E4M3 with --quantize fp8, else act_dtype()) and the
+  // device bytes every weight takes (scales included).
+  DType linear_weight_dtype() const;
+  int64_t weight_bytes() const;
   // Ranks of tensor parallelism (1 without it).
   int tensor_parallel() const { return tp_.size; }
   // Checkpoint bytes each rank read (its share of the weights); one entry without parallelism.
@@ -111,7 +129,8 @@ class FalconModel {
 
  private:
   static FalconModel build(const FalconConfig& config, Device device, bool has_lm_head,
-                           const std::function<Tensor(const std::string&)>& load);
+                           const std::function<Tensor(const std::string&)>& load,
+                           const WeightQuant& quant = {});
   static FalconModel build_rank(const FalconConfig& config, const WeightStore& store, Device device,
                                 bool has_lm_head, std::shared_ptr<Communicator> comm);
   void check_batch(const ForwardBatch& batch, const KvCache& cache) const;
@@ -142,6 +161,7 @@ class FalconModel {
   FalconConfig config_;  // a rank's own shares of heads and MLP width (see FalconConfig)
   Device device_ = Device::kCpu;
   DType act_dtype_ = DType::kF32;
+  WeightQuant quant_;
   Tensor word_embeddings_;  // [vocab, hidden]
   std::vector<FalconLayerWeights> layers_;
   Tensor ln_f_w_, ln_f_b_;

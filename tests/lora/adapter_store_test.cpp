@@ -322,8 +322,9 @@ TEST(AdapterStore, ResolvesNamesOnlyInsideAdaptersDir) {
         std::string("team\\a1"), std::string("a\nb"), std::string(300, 'a')}) {
     err = error_of([&] { store.resolve(bad, AdapterSource::kLocal); }, &kind);
     EXPECT_EQ(kind, ErrorKind::kInvalidArgument) << bad << ": " << err;
-    if (bad.find(t.path.string()) == std::string::npos)  // the message echoes the id, no more
+    if (bad.find(t.path.string()) == std::string::npos) {  // the message echoes the id, no more
       EXPECT_EQ(err.find(t.path.string()), std::string::npos) << err;
+    }
   }
   err = error_of([&] { store.resolve("", AdapterSource::kLocal); });
   EXPECT_NE(err.find("empty"), std::string::npos) << err;

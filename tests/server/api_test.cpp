@@ -173,8 +173,9 @@ TEST_F(ApiAdapters, AdapterIdOnTheLoraxRoutes) {
         std::string("named/../../adir/named")}) {
     Routed bad = generate(*api_, {{"adapter_id", id}});
     expect_error(bad, 422, "validation", "adapter_id");
-    if (id.find(root_.string()) == std::string::npos)  // the message echoes the id, no more
+    if (id.find(root_.string()) == std::string::npos) {  // the message echoes the id, no more
       EXPECT_EQ(bad.reply->body.find(root_.string()), std::string::npos) << bad.reply->body;
+    }
   }
   expect_error(generate(*api_, {{"adapter_id", "missing"}}), 404, "not_found", "missing");
   // The hub source never looks at local folders, and the local source not at the hub cache.

@@ -16,6 +16,7 @@ namespace kestrel::cpu {
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
+void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue);
 void gelu(Tensor& x);

@@ -1,7 +1,9 @@
 // CPU linear: out [T, n_out] = epilogue(x [T, n_in] @ weight [n_out, in]^T + bias).
 // OpenBLAS sgemm when built with it; otherwise a blocked OpenMP dot-product
 // loop (weights are row-major [out, in], so each output is a contiguous dot).
-// The epilogue (GELU, accumulate into out) follows ops::LinearEpilogue.
+// The epilogue (GELU, accumulate into out) follows ops::LinearEpilogue. FP8
+// weights are dequantized to F32 (q * scale) for the product: fp32 math on the
+// values the FP8 weights hold, optionally on activations rounded to FP8 per row.
 #include <algorithm>
 #include <cmath>
 
@@ -57,10 +59,66 @@ void matmul_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, Tens
   }
 }
 
+// Rows of F8_E4M3 codes times their scales ([rows] or [1]), as F32.
+Tensor dequantize_rows(const Tensor& q, const float* scale, bool per_row) {
+  const int64_t rows = q.dim(0), cols = q.dim(1);
+  Tensor out = Tensor::empty(DType::kF32, q.shape());
+  const uint8_t* qp = q.data<uint8_t>();
+  float* op = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = scale[per_row ? r : 0];
+    for (int64_t c = 0; c < cols; ++c) op[r * cols + c] = f8e4m3_to_f32(qp[r * cols + c]) * s;
+  }
+  return out;
+}
+
+// x with every row rounded to E4M3 under its own scale (amax / 448), back in F32.
+Tensor round_rows_fp8(const Tensor& x) {
+  const int64_t rows = x.dim(0), cols = x.dim(1);
+  Tensor out = Tensor::empty(DType::kF32, x.shape());
+  const float* xp = x.data<float>();
+  float* op = out.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(xp[r * cols + c]));
+    const float s = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+    for (int64_t c = 0; c < cols; ++c)
+      op[r * cols + c] = f8e4m3_to_f32(f32_to_f8e4m3(xp[r * cols + c] / s)) * s;
+  }
+  return out;
+}
+
 }  // namespace
+
+void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
+  const int64_t rows = weight.dim(0), cols = weight.dim(1);
+  q = Tensor::empty(DType::kF8E4M3, weight.shape());
+  scale = Tensor::empty(DType::kF32, {rows});
+  const float* wp = weight.data<float>();
+  uint8_t* qp = q.data<uint8_t>();
+  float* sp = scale.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(wp[r * cols + c]));
+    const float s = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+    sp[r] = s;
+    for (int64_t c = 0; c < cols; ++c) qp[r * cols + c] = f32_to_f8e4m3(wp[r * cols + c] / s);
+  }
+}
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
+  if (weight.dtype() == DType::kF8E4M3) {
+    const Tensor& s = *epilogue.weight_scale;
+    const Tensor w = dequantize_rows(weight, s.data<float>(), s.numel() > 1);
+    ops::LinearEpilogue rest = epilogue;
+    rest.weight_scale = nullptr;
+    rest.fp8_activations = false;
+    return cpu::linear(epilogue.fp8_activations ? round_rows_fp8(x) : x, w, bias, out, rest);
+  }
   if (!epilogue.gelu && !epilogue.accumulate) {  // (an addend comes with accumulate)
     matmul_bias(x, weight, bias, out);
     return;

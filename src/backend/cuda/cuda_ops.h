@@ -62,6 +62,7 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue);
+void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);
 void gelu(Tensor& x);
 void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);
 void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,

@@ -226,6 +226,12 @@ void set_gemv_mode(int mode) {
   g_gemv_mode = mode;
 }
 
+void quantize_fp8(const Tensor&, Tensor&, Tensor&) {
+  KESTREL_FAIL(
+      "--quantize fp8: FP8 weights run on the CPU backend only so far (the CUDA FP8 "
+      "GEMM and GEMV are not built yet)");
+}
+
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
   KESTREL_CHECK(weight.dtype() == DType::kBF16 && x.dtype() == DType::kBF16,
