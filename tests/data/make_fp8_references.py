@@ -11,12 +11,13 @@ writes OUT_DIR/<fixture>/expected_fp8.safetensors with `logits` (or `last_logits
 full-vocabulary model), `greedy_ids` and, where the fixture has them, `greedy_logits`.
 Needs torch (with float8_e4m3fn), transformers and safetensors: run it on the GPU machine.
 """
+import json
 import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import FalconConfig, FalconForCausalLM
 
 DATA = Path(__file__).resolve().parent
 FIXTURES = ["falcon7b-mqa-parallel", "legacy-rw-7b-config", "falcon40b-gqa",
@@ -39,7 +40,11 @@ def fp8_round(w):
 def run(name, out_dir, device):
     folder = DATA / name
     exp = load_file(str(folder / "expected.safetensors"))
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).to(device)
+    # The config the fixture was built from (fixture.json): the legacy folders' config.json
+    # (RefinedWeb / RefinedWebModel keys) is kestrel's to parse, not transformers'.
+    config = FalconConfig(**json.loads((folder / "fixture.json").read_text())["config"])
+    model = FalconForCausalLM.from_pretrained(str(folder), config=config,
+                                              dtype=torch.float32).to(device)
     model.eval()
     n = 0
     with torch.no_grad():
