@@ -185,14 +185,16 @@ struct Costs {
   double attn_flops_per_pair = 0;  // per (query token, context token), all layers
 };
 
-Costs model_costs(const FalconConfig& c) {
+// Bytes a decode step streams: the linears at `linear_bytes` a weight (2 for BF16, 1 for FP8),
+// the lm_head at 2.
+Costs model_costs(const FalconConfig& c, double linear_bytes) {
   Costs k;
   const double h = static_cast<double>(c.hidden_size);
   const double per_layer =
       h * c.qkv_out_dim() + h * c.n_heads * c.head_dim + 2.0 * h * c.ffn_hidden_size;
   k.matmul_params = per_layer * c.n_layers;
   k.lm_head_params = h * c.vocab_size;
-  k.weight_bytes = 2.0 * (k.matmul_params + k.lm_head_params);
+  k.weight_bytes = linear_bytes * k.matmul_params + 2.0 * k.lm_head_params;
   k.kv_bytes_per_token = 2.0 * 2.0 * c.n_layers * c.n_kv_heads * c.head_dim;
   k.attn_flops_per_pair = 4.0 * c.n_heads * c.head_dim * c.n_layers;
   return k;
@@ -224,13 +226,17 @@ void run_bench(const BenchArgs& a) {
   ops::synchronize(dev);
   const double load_s = now_s() - t_load;
   const FalconConfig& c = model.config();
-  const Costs costs = model_costs(c);
+  const Costs costs = model_costs(c, dtype_size(model.linear_weight_dtype()) == 1 ? 1.0 : 2.0);
   int64_t n_params = 0;
   for (const WeightSpec& w : falcon_weight_specs(c, !c.tie_word_embeddings))
     n_params += shape_numel(w.shape);
   if (!a.json)
-    std::printf("model %s (%.2f B parameters) on %s, loaded in %.2f s\n", c.summary().c_str(),
-                n_params / 1e9, ops::device_name(dev).c_str(), load_s);
+    std::printf(
+        "model %s (%.2f B parameters, linears %s, %.2f GiB of weights) on %s, loaded in "
+        "%.2f s\n",
+        c.summary().c_str(), n_params / 1e9,
+        std::string(dtype_name(model.linear_weight_dtype())).c_str(),
+        model.weight_bytes() / 1073741824.0, ops::device_name(dev).c_str(), load_s);
 
   std::mt19937 rng(1234);
   nlohmann::json out;

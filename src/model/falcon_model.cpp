@@ -127,6 +127,8 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
   m.device_ = device;
   m.act_dtype_ = ops::weight_dtype(device);
   m.quant_ = quant;
+  if (quant.fp8_activations && device == Device::kCuda)
+    KESTREL_FAIL("--fp8-activations is a CPU option (the CUDA FP8 linear is weight-only so far)");
   // A linear's weight as loaded, or with --quantize fp8 its FP8 codes (the loaded tensor is
   // dropped as soon as it is converted: one tensor at a time is held at full width).
   auto linear_w = [&](const std::string& name, Tensor& scale) {

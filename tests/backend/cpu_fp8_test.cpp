@@ -57,7 +57,7 @@ struct Case {
 
 TEST(CpuFp8, LinearIsTheProductOfTheDequantizedWeights) {
   std::mt19937_64 rng(11);
-  for (const auto [T, in, n_out] : {std::array<int64_t, 3>{1, 19, 13}, {7, 64, 40}, {33, 8, 3}}) {
+  for (const auto& [T, in, n_out] : {std::array<int64_t, 3>{1, 19, 13}, {7, 64, 40}, {33, 8, 3}}) {
     for (const Case c :
          {Case{false, false, false, false, false}, Case{true, false, false, false, false},
           Case{false, true, true, false, false}, Case{true, true, false, true, false},

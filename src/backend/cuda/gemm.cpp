@@ -226,14 +226,52 @@ void set_gemv_mode(int mode) {
   g_gemv_mode = mode;
 }
 
-void quantize_fp8(const Tensor&, Tensor&, Tensor&) {
-  KESTREL_FAIL(
-      "--quantize fp8: FP8 weights run on the CPU backend only so far (the CUDA FP8 "
-      "GEMM and GEMV are not built yet)");
+void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
+  q = Tensor::empty(DType::kF8E4M3, weight.shape(), Device::kCuda);
+  scale = Tensor::empty(DType::kF32, {weight.dim(0)}, Device::kCuda);
+  kernels::quantize_fp8_rows(weight.data<uint16_t>(), weight.dim(0), weight.dim(1),
+                             q.data<uint8_t>(), scale.data<float>(), stream());
+  CUDA_CHECK_LAUNCH();
 }
+
+namespace {
+
+// FP8 weights, weight-only (BF16 activations): the FP8 GEMV for 1..8 rows; more rows dequantize
+// the weight to BF16 scratch for the BF16 linear (correct, not faster: the FP8 tensor-core GEMM
+// for those is still to come, docs/fp8.md).
+void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                const ops::LinearEpilogue& epilogue) {
+  const Tensor& s = *epilogue.weight_scale;
+  const bool per_row = s.numel() > 1;
+  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
+  if (kernels::gemv_fp8_supported(n_tokens, n_in, x.raw(), weight.raw())) {
+    kernels::gemv_fp8(x.data<uint16_t>(), weight.data<uint8_t>(), s.data<float>(), per_row,
+                      bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,
+                      epilogue.gelu, epilogue.accumulate,
+                      epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr, out.raw(),
+                      out.dtype() == DType::kF32, stream());
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  Tensor w = Tensor::empty(DType::kBF16, weight.shape(), Device::kCuda);
+  kernels::dequantize_fp8_rows(weight.data<uint8_t>(), s.data<float>(), per_row, n_out, n_in,
+                               w.data<uint16_t>(), stream());
+  CUDA_CHECK_LAUNCH();
+  ops::LinearEpilogue rest = epilogue;
+  rest.weight_scale = nullptr;
+  cuda::linear(x, w, bias, out, rest);
+}
+
+}  // namespace
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
+  if (weight.dtype() == DType::kF8E4M3) {
+    KESTREL_CHECK(!epilogue.fp8_activations,
+                  "linear (cuda): FP8 activations are not built on CUDA yet (its FP8 linear is "
+                  "weight-only)");
+    return linear_fp8(x, weight, bias, out, epilogue);
+  }
   KESTREL_CHECK(weight.dtype() == DType::kBF16 && x.dtype() == DType::kBF16,
                 "linear (cuda): x and weight must be BF16, got ", dtype_name(x.dtype()), " and ",
                 dtype_name(weight.dtype()));

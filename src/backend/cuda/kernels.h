@@ -78,6 +78,22 @@ void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t ro
 void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t cols, bool gelu,
                      bool accumulate, void* out, bool f32_out, cudaStream_t s);
 
+// --- FP8 E4M3 weights (fp8.cu) ------------------------------------------------
+// w [rows, cols] BF16 -> q [rows, cols] E4M3 and scale [rows] F32: per row amax / 448 (1 for
+// zeros), round to nearest even, saturating (the CPU's ops::quantize_fp8, code for code).
+void quantize_fp8_rows(const uint16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scale,
+                       cudaStream_t s);
+// out [rows, cols] BF16 = q * scale (scale [rows] per_row, else [1]).
+void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int64_t rows,
+                         int64_t cols, uint16_t* out, cudaStream_t s);
+// gemv with FP8 weights w [n, k] and their scales (per_row: [n], else [1]): weight-only, x BF16;
+// y = (x @ dequant(w)^T) then bias and the epilogue as gemv's. Needs gemv_fp8_supported: 1..8
+// rows, k % 16 == 0, x and w 16-byte aligned.
+bool gemv_fp8_supported(int64_t rows, int64_t k, const void* x, const void* w);
+void gemv_fp8(const uint16_t* x, const uint8_t* w, const float* scale, bool per_row,
+              const uint16_t* bias, int64_t rows, int64_t n, int64_t k, bool gelu, bool accumulate,
+              const uint16_t* addend, void* out, bool f32_out, cudaStream_t s);
+
 // --- sampling (sampling.cu) --------------------------------------------------
 // One row's sampling parameters, as engine/sampler.cpp applies them; u is the
 // request's one uniform draw in [0, 1) for this token (unused when greedy).
