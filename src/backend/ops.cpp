@@ -167,6 +167,14 @@ void copy_2d(const Tensor& src, int64_t src_offset, int64_t src_stride, Tensor& 
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype,
                      Device device) {
   const int64_t n = shape_numel(shape);
+  // FP8 codes mean nothing without their scale: they travel as they are, never widened here.
+  KESTREL_CHECK(!is_fp8(src_dtype) || src_dtype == dtype, "upload_weight: ", dtype_name(src_dtype),
+                " weights are loaded as FP8 with their scales, not as ", dtype_name(dtype));
+  if (device == Device::kCpu && is_fp8(dtype)) {
+    Tensor out = Tensor::empty(dtype, shape);
+    std::memcpy(out.raw(), data, static_cast<size_t>(n));
+    return out;
+  }
   if (device == Device::kCpu) {
     KESTREL_CHECK(dtype == DType::kF32, "upload_weight: the CPU backend computes in F32");
     Tensor out = Tensor::empty(DType::kF32, shape);

@@ -12,6 +12,7 @@
 #include "backend/ops.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "io/quant_config.h"
 #include "io/safetensors.h"
 #include "model/alibi.h"
 #include "model/decode_graphs.h"
@@ -37,6 +38,12 @@ Tensor host_tensor(const std::vector<float>& v, Shape shape) {
 
 FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_parallel,
                               const WeightQuant& quant) {
+  const CheckpointQuant ckpt = checkpoint_quant_of(dir);  // refuses what it cannot read
+  if (!ckpt.method.empty())
+    spdlog::info("checkpoint quantization: {} (FP8 E4M3 weights read as they are{})", ckpt.method,
+                 ckpt.static_input_scales
+                     ? "; its static input scales are not used: activations stay BF16 / F32"
+                     : "");
   if (tensor_parallel != 1) {
     if (quant.fp8) KESTREL_FAIL("--quantize fp8 with --tensor-parallel is not supported yet");
     return load_parallel(dir, device, tensor_parallel);
@@ -56,10 +63,47 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
   // Validate every name and shape before converting anything.
   for (const WeightSpec& s : specs) store.get(s.name, s.shape);
   size_t known = specs.size();
+  for (const std::string& name : store.names())
+    known += name.ends_with(".weight_scale") || name.ends_with(".input_scale");
   if (store.names().size() > known) {
     spdlog::warn("checkpoint holds {} tensors the config does not use (ignored)",
                  store.names().size() - known);
   }
+  // A pre-quantized linear: its E4M3 codes as they are and its scales, checked.
+  auto load_fp8 = [&](const std::string& name, Tensor& q, Tensor& scale) {
+    const TensorInfo& info = store.get(name);
+    if (!is_fp8(info.dtype)) return false;
+    if (info.dtype != DType::kF8E4M3)
+      KESTREL_FAIL("tensor ", name, " is ", dtype_name(info.dtype),
+                   ": only F8_E4M3 weights are supported");
+    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
+    if (store.contains(base + ".weight_scale_inv"))
+      KESTREL_FAIL("tensor ", base, ".weight_scale_inv: block-wise FP8 scales are not supported");
+    const std::string sname = base + ".weight_scale";
+    if (!store.contains(sname))
+      KESTREL_FAIL("tensor ", name, " is F8_E4M3 but the checkpoint has no ", sname);
+    const TensorInfo& si = store.get(sname);
+    const int64_t rows = info.shape[0], n = shape_numel(si.shape);
+    const bool shape_ok =
+        (n == 1 && si.shape.size() <= 2) ||
+        (n == rows && (si.shape.size() == 1 || (si.shape.size() == 2 && si.shape[1] == 1)));
+    if (!shape_ok ||
+        !(si.dtype == DType::kF32 || si.dtype == DType::kBF16 || si.dtype == DType::kF16))
+      KESTREL_FAIL("tensor ", sname, " is ", dtype_name(si.dtype), " ", shape_str(si.shape),
+                   ": a weight scale is F32 / BF16 / F16 of shape [1] (per tensor) or [", rows,
+                   "] / [", rows, ", 1] (per output channel)");
+    Tensor host = Tensor::empty(DType::kF32, {n});
+    convert_to_f32(si.data, si.dtype, static_cast<size_t>(n), host.data<float>());
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = host.data<float>()[i];
+      if (!(std::isfinite(v) && v > 0.0f))
+        KESTREL_FAIL("tensor ", sname, " holds ", v, " at index ", i,
+                     ": weight scales must be finite and positive");
+    }
+    q = ops::upload_weight(info.data, info.dtype, info.shape, info.dtype, device);
+    scale = ops::to_device(host, device);
+    return true;
+  };
   const DType dtype = ops::weight_dtype(device);
   int64_t total_bytes = 0, done_bytes = 0, done = 0, next_report = 1;
   for (const WeightSpec& s : specs) total_bytes += static_cast<int64_t>(store.get(s.name).nbytes);
@@ -73,6 +117,10 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
       config, device, has_lm_head,
       [&](const std::string& name) {
         const TensorInfo& info = store.get(name);
+        if (is_fp8(info.dtype))
+          KESTREL_FAIL("tensor ", name, " is ", dtype_name(info.dtype),
+                       ": only the linears (query_key_value, dense, dense_h_to_4h, "
+                       "dense_4h_to_h) may be FP8");
         Tensor t = ops::upload_weight(info.data, info.dtype, info.shape, dtype, device);
         done_bytes += static_cast<int64_t>(info.nbytes);
         ++done;
@@ -86,7 +134,7 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
         }
         return t;
       },
-      quant);
+      quant, load_fp8);
   ops::synchronize(device);
   const double secs = seconds();
   spdlog::info("loaded {:.2f} GiB of weights in {:.2f} s ({:.2f} GB/s)", total_bytes / 1073741824.0,
@@ -121,7 +169,7 @@ FalconModel FalconModel::random(const FalconConfig& config, Device device, uint6
 
 FalconModel FalconModel::build(const FalconConfig& config, Device device, bool has_lm_head,
                                const std::function<Tensor(const std::string&)>& load,
-                               const WeightQuant& quant) {
+                               const WeightQuant& quant, const LoadFp8& load_fp8) {
   FalconModel m;
   m.config_ = config;
   m.device_ = device;
@@ -132,9 +180,13 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
   // A linear's weight as loaded, or with --quantize fp8 its FP8 codes (the loaded tensor is
   // dropped as soon as it is converted: one tensor at a time is held at full width).
   auto linear_w = [&](const std::string& name, Tensor& scale) {
+    Tensor q;
+    if (load_fp8 && load_fp8(name, q, scale)) {
+      m.quant_.fp8 = true;  // a pre-quantized checkpoint is FP8 with or without --quantize
+      return q;
+    }
     Tensor w = load(name);
     if (!quant.fp8) return w;
-    Tensor q;
     ops::quantize_fp8(w, q, scale);
     return q;
   };

@@ -128,9 +128,12 @@ class FalconModel {
   GraphStats graph_stats() const;
 
  private:
+  // load_fp8 (optional): a linear's weight as the checkpoint's FP8 codes and their scales
+  // (false: the checkpoint holds it at full width).
+  using LoadFp8 = std::function<bool(const std::string& name, Tensor& q, Tensor& scale)>;
   static FalconModel build(const FalconConfig& config, Device device, bool has_lm_head,
                            const std::function<Tensor(const std::string&)>& load,
-                           const WeightQuant& quant = {});
+                           const WeightQuant& quant = {}, const LoadFp8& load_fp8 = nullptr);
   static FalconModel build_rank(const FalconConfig& config, const WeightStore& store, Device device,
                                 bool has_lm_head, std::shared_ptr<Communicator> comm);
   void check_batch(const ForwardBatch& batch, const KvCache& cache) const;

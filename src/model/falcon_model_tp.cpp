@@ -154,12 +154,21 @@ FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStor
   return m;
 }
 
+// FP8 checkpoints are not sharded yet (a row-parallel shard needs the scale of its whole row).
+static void refuse_fp8_checkpoint(const WeightStore& store) {
+  for (const std::string& name : store.names())
+    if (is_fp8(store.get(name).dtype))
+      KESTREL_FAIL("tensor ", name, " is ", dtype_name(store.get(name).dtype),
+                   ": FP8 checkpoints with tensor parallelism are not supported yet");
+}
+
 FalconModel FalconModel::load_process_rank(const std::string& dir, Device device,
                                            std::shared_ptr<Communicator> comm) {
   KESTREL_CHECK(comm != nullptr, "load_process_rank: no communicator");
   FalconConfig config = FalconConfig::from_model_dir(dir);
   check_tensor_parallel(shard_dims(config), comm->size());  // before any weight is read
   WeightStore store = WeightStore::open_folder(dir);
+  refuse_fp8_checkpoint(store);
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
@@ -187,6 +196,7 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
                 " on CUDA in one process needs one CUDA stream per device in the CUDA backend, "
                 "which it does not have yet; run one process per GPU (--nnodes ",
                 n, ", docs/parallel.md) or --device cpu");
+  refuse_fp8_checkpoint(store);
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");

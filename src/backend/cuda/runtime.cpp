@@ -322,8 +322,10 @@ Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp,
 
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype) {
   std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
-  KESTREL_CHECK(dtype == DType::kBF16 || dtype == DType::kF32,
-                "upload_weight: the CUDA backend keeps weights in BF16 or F32, not ",
+  KESTREL_CHECK(dtype == DType::kBF16 || dtype == DType::kF32 ||
+                    (dtype == DType::kF8E4M3 && src_dtype == dtype),
+                "upload_weight: the CUDA backend keeps weights in BF16 or F32 (or FP8 as read), "
+                "not ",
                 dtype_name(dtype));
   const int src_kind = kind_of(src_dtype);
   Tensor out = Tensor::empty(dtype, shape, Device::kCuda);
