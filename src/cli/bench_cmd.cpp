@@ -219,7 +219,9 @@ void run_bench(const BenchArgs& a) {
       KESTREL_CHECK(a.parallel.tensor_parallel == 1 && a.parallel.nnodes == 1,
                     "bench --tensor-parallel / --nnodes need --model DIR (--preset draws one "
                     "rank's weights)");
-      return FalconModel::random(c, dev, 1, weight_quant(a.parallel));
+      FalconModel m = FalconModel::random(c, dev, 1, weight_quant(a.parallel));
+      apply_kv_cache_dtype(m, a.parallel);
+      return m;
     }
     return load_model(a.model_dir, dev, a.parallel);
   }();

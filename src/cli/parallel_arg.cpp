@@ -21,6 +21,11 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& a, bool processes) {
                   "fp8: the linears' weights as FP8 E4M3 with one scale per output channel, "
                   "quantized at load (embeddings, norms and lm_head stay as they are)")
       ->check(CLI::IsMember({"fp8"}));
+  cmd->add_option("--kv-cache-dtype", a.kv_cache_dtype,
+                  "auto: K and V as the activations; fp8 (fp8_e4m3): E4M3 under a scale of 1, "
+                  "twice the tokens in the same bytes (CPU so far)")
+      ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}))
+      ->capture_default_str();
   cmd->add_flag("--fp8-activations", a.fp8_activations,
                 "with --quantize fp8 on the CPU: round activations to FP8 per row before each "
                 "product, as the GPU's FP8 GEMM does");
@@ -72,11 +77,16 @@ WeightQuant weight_quant(const ParallelArgs& a) {
   return {.fp8 = a.quantize == "fp8", .fp8_activations = a.fp8_activations};
 }
 
+void apply_kv_cache_dtype(FalconModel& model, const ParallelArgs& a) {
+  if (a.kv_cache_dtype != "auto") model.set_kv_cache_dtype(DType::kF8E4M3);
+}
+
 FalconModel load_model(const std::string& dir, Device device, const ParallelArgs& a) {
   const WeightQuant quant = weight_quant(a);
   if (quant.fp8 && a.nnodes > 1) KESTREL_FAIL("--quantize fp8 with --nnodes is not supported yet");
   FalconModel model = a.nnodes > 1 ? load_process_rank(dir, device, a)
                                    : FalconModel::load(dir, device, a.tensor_parallel, quant);
+  apply_kv_cache_dtype(model, a);
   if (a.verbose) {
     const std::vector<int64_t> bytes = model.rank_weight_bytes();
     int64_t total = 0;

@@ -20,12 +20,15 @@ struct ParallelArgs {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  std::string quantize;          // "" or "fp8"
-  bool fp8_activations = false;  // CPU: round activations to FP8 as the CUDA FP8 GEMM does
+  std::string quantize;                 // "" or "fp8"
+  bool fp8_activations = false;         // CPU: round activations to FP8 as the CUDA FP8 GEMM does
+  std::string kv_cache_dtype = "auto";  // auto (the activations' dtype) or fp8 (E4M3)
 };
 
 // The WeightQuant --quantize / --fp8-activations ask for.
 WeightQuant weight_quant(const ParallelArgs& a);
+// Sets the model's KV cache dtype from --kv-cache-dtype.
+void apply_kv_cache_dtype(FalconModel& model, const ParallelArgs& a);
 
 // processes: also --nnodes, --node-rank, --master-addr, --master-port (commands whose every
 // process runs the same batches: logits, bench; only rank 0 writes results).

@@ -232,6 +232,17 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
   return m;
 }
 
+void FalconModel::set_kv_cache_dtype(DType dtype) {
+  if (dtype != act_dtype_ && dtype != DType::kF8E4M3)
+    KESTREL_FAIL("--kv-cache-dtype: ", dtype_name(dtype), " is not a KV cache dtype (",
+                 dtype_name(act_dtype_), " or F8_E4M3)");
+  if (dtype == DType::kF8E4M3 && device_ != Device::kCpu)
+    KESTREL_FAIL(
+        "--kv-cache-dtype fp8 runs on the CPU backend only so far (the CUDA attention "
+        "kernels read BF16 pages)");
+  kv_fp8_ = dtype == DType::kF8E4M3;  // a tensor-parallel model's shards follow it
+}
+
 DType FalconModel::linear_weight_dtype() const {
   return quant_.fp8 ? DType::kF8E4M3 : act_dtype_;
 }
@@ -264,7 +275,7 @@ KvCache FalconModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const
   if (group_) return make_group_kv_cache(num_blocks, block_size);
   KvCacheShape shape{config_.n_layers, num_blocks, block_size, config_.n_kv_heads,
                      config_.head_dim};
-  return KvCache(shape, act_dtype_, device_);
+  return KvCache(shape, kv_cache_dtype(), device_);
 }
 
 void FalconModel::check_batch(const ForwardBatch& b, const KvCache& cache) const {

@@ -83,6 +83,10 @@ class FalconModel {
   std::vector<int64_t> rank_weight_bytes() const;
   // Wall seconds rank 0 spent in collectives so far (0 without parallelism), for benchmarks.
   double collective_seconds() const;
+  // --kv-cache-dtype: the caches make_kv_cache() makes hold K and V as act_dtype() (the default)
+  // or as FP8 E4M3 under a scale of 1 (CPU so far; docs/fp8.md). Throws for other dtypes.
+  void set_kv_cache_dtype(DType dtype);
+  DType kv_cache_dtype() const { return kv_fp8_ ? DType::kF8E4M3 : act_dtype_; }
   // KV cache bytes of one block over all layers and every rank's K/V heads.
   int64_t kv_bytes_per_block(int64_t block_size) const;
 
@@ -165,6 +169,7 @@ class FalconModel {
   Device device_ = Device::kCpu;
   DType act_dtype_ = DType::kF32;
   WeightQuant quant_;
+  bool kv_fp8_ = false;
   Tensor word_embeddings_;  // [vocab, hidden]
   std::vector<FalconLayerWeights> layers_;
   Tensor ln_f_w_, ln_f_b_;

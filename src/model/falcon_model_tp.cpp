@@ -238,17 +238,22 @@ std::vector<int64_t> FalconModel::rank_weight_bytes() const {
 int64_t FalconModel::kv_bytes_per_block(int64_t block_size) const {
   if (group_) {
     int64_t total = 0;
-    for (const FalconModel& m : group_->ranks) total += m.kv_bytes_per_block(block_size);
+    for (const FalconModel& m : group_->ranks)
+      total +=
+          KvCacheShape{m.config_.n_layers, 1, block_size, m.config_.n_kv_heads, m.config_.head_dim}
+              .bytes_per_block(kv_cache_dtype());
     return total;
   }
   return KvCacheShape{config_.n_layers, 1, block_size, config_.n_kv_heads, config_.head_dim}
-      .bytes_per_block(act_dtype_);
+      .bytes_per_block(kv_cache_dtype());
 }
 
 KvCache FalconModel::make_group_kv_cache(int64_t num_blocks, int64_t block_size) const {
   std::vector<KvCache> shards;
   for (const FalconModel& m : group_->ranks)
-    shards.push_back(m.make_kv_cache(num_blocks, block_size));
+    shards.push_back(KvCache(KvCacheShape{m.config_.n_layers, num_blocks, block_size,
+                                          m.config_.n_kv_heads, m.config_.head_dim},
+                             kv_cache_dtype(), m.device_));
   return KvCache(std::move(shards));
 }
 

@@ -338,7 +338,7 @@ Reply Api::info() const {
                      {"quantize", model.quant().fp8 ? json("fp8") : json(nullptr)},
                      {"weight_dtype", std::string(dtype_name(model.linear_weight_dtype()))},
                      {"weight_bytes", model.weight_bytes()},
-                     {"kv_cache_dtype", std::string(dtype_name(model.act_dtype()))},
+                     {"kv_cache_dtype", std::string(dtype_name(model.kv_cache_dtype()))},
                      {"model_device_type", model.device() == Device::kCuda ? "cuda" : "cpu"},
                      {"model_summary", model.config().summary()},
                      {"model_pipeline_tag", "text-generation"},

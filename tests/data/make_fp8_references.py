@@ -5,10 +5,13 @@ zeros), w / scale clamped to +-448 and cast to torch.float8_e4m3fn (round to nea
 used as float32(q) * scale. Everything else as for expected.safetensors (float32, TF32 off, each
 prompt alone, 12 greedy steps with a KV cache, never stopping at EOS).
 
-    python3 tests/data/make_fp8_references.py OUT_DIR [FIXTURE ...]
+    python3 tests/data/make_fp8_references.py [--kv] OUT_DIR [FIXTURE ...]
 
 writes OUT_DIR/<fixture>/expected_fp8.safetensors with `logits` (or `last_logits` for the
-full-vocabulary model), `greedy_ids` and, where the fixture has them, `greedy_logits`.
+full-vocabulary model), `greedy_ids` and, where the fixture has them, `greedy_logits`. With --kv,
+the weights stay as they are and instead every key and value is rounded to E4M3 (scale 1,
+clamped to +-448) as it enters the KV cache, as --kv-cache-dtype fp8 stores them:
+expected_fp8kv.safetensors.
 Needs torch (with float8_e4m3fn), transformers and safetensors: run it on the GPU machine.
 """
 import json
@@ -18,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import FalconConfig, FalconForCausalLM
+from transformers.cache_utils import DynamicLayer
 
 DATA = Path(__file__).resolve().parent
 FIXTURES = ["falcon7b-mqa-parallel", "legacy-rw-7b-config", "falcon40b-gqa",
@@ -37,7 +41,21 @@ def fp8_round(w):
     return q.to(torch.float32) * scale
 
 
-def run(name, out_dir, device):
+def e4m3(t):
+    return t.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(t.dtype)
+
+
+def round_kv_cache():
+    """Every DynamicLayer (the KV cache of a layer) stores and returns rounded keys and values."""
+    update = DynamicLayer.update
+
+    def rounded(self, key_states, value_states, *args, **kwargs):
+        return update(self, e4m3(key_states), e4m3(value_states), *args, **kwargs)
+
+    DynamicLayer.update = rounded
+
+
+def run(name, out_dir, device, kv):
     folder = DATA / name
     exp = load_file(str(folder / "expected.safetensors"))
     # The config the fixture was built from (fixture.json): the legacy folders' config.json
@@ -49,10 +67,10 @@ def run(name, out_dir, device):
     n = 0
     with torch.no_grad():
         for mod_name, mod in model.named_modules():
-            if isinstance(mod, torch.nn.Linear) and mod_name.endswith(LINEARS):
+            if not kv and isinstance(mod, torch.nn.Linear) and mod_name.endswith(LINEARS):
                 mod.weight.copy_(fp8_round(mod.weight.float()))
                 n += 1
-    assert n == 4 * model.config.num_hidden_layers, (name, n)
+    assert kv or n == 4 * model.config.num_hidden_layers, (name, n)
     ids, cu = exp["prompt_ids"], exp["cu_seqlens"]
     prompts = [ids[cu[p]:cu[p + 1]] for p in range(len(cu) - 1)]
     out = {}
@@ -73,13 +91,13 @@ def run(name, out_dir, device):
             out["greedy_logits"] = torch.stack(greedy_logits).contiguous()
     dst = Path(out_dir) / name
     dst.mkdir(parents=True, exist_ok=True)
-    save_file(out, str(dst / "expected_fp8.safetensors"),
+    save_file(out, str(dst / ("expected_fp8kv.safetensors" if kv else "expected_fp8.safetensors")),
               metadata={"made_by": "tests/data/make_fp8_references.py",
                         "torch": torch.__version__})
     base = exp["last_logits"]
     err = (out["last_logits"] - base).abs().max() / base.abs().max()
     same = (out["greedy_ids"] == exp["greedy_ids"]).float().mean()
-    print(f"{name}: {n} linears rounded; last_logits vs fp32 {err:.3e}; greedy ids equal "
+    print(f"{name}: {'K/V' if kv else f'{n} linears'} rounded; last_logits vs fp32 {err:.3e}; greedy ids equal "
           f"{same:.2%}", flush=True)
 
 
@@ -87,9 +105,13 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out_dir = sys.argv[1]
-    for name in sys.argv[2:] or FIXTURES:
-        run(name, out_dir, device)
+    args = sys.argv[1:]
+    kv = "--kv" in args
+    args = [a for a in args if a != "--kv"]
+    if kv:
+        round_kv_cache()
+    for name in args[1:] or FIXTURES:
+        run(name, args[0], device, kv)
 
 
 if __name__ == "__main__":

@@ -52,10 +52,19 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   const int64_t total = work_begin[n_seqs];
   const int64_t kv_row = n_kv_heads * head_dim;
 
+  // An FP8 cache (E4M3, scale 1) is read through a row of F32 per position.
+  const bool fp8 = k_cache.dtype() == DType::kF8E4M3;
 #pragma omp parallel
   {
     std::vector<float> scores(std::max<int32_t>(max_kv_len, 1));
-    std::vector<float> acc(head_dim);
+    std::vector<float> acc(head_dim), wide(fp8 ? head_dim : 0);
+    auto row_of = [&](const Tensor& cache, int64_t slot, int64_t kvh) -> const float* {
+      const int64_t at = slot * kv_row + kvh * head_dim;
+      if (!fp8) return cache.data<float>() + at;
+      convert_to_f32(cache.data<uint8_t>() + at, DType::kF8E4M3, static_cast<size_t>(head_dim),
+                     wide.data());
+      return wide.data();
+    };
 #pragma omp for schedule(dynamic, 4)
     for (int64_t w = 0; w < total; ++w) {
       const int64_t b =
@@ -73,7 +82,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       for (int64_t p = 0; p < ctx; ++p) {
         const int64_t slot =
             static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-        const float* kv = k_cache.data<float>() + slot * kv_row + kvh * head_dim;
+        const float* kv = row_of(k_cache, slot, kvh);
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
         for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kv[i];
@@ -90,7 +99,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
       for (int64_t p = 0; p < ctx; ++p) {
         const int64_t slot =
             static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-        const float* vv = v_cache.data<float>() + slot * kv_row + kvh * head_dim;
+        const float* vv = row_of(v_cache, slot, kvh);
         const float wgt = scores[p];
 #pragma omp simd
         for (int64_t i = 0; i < head_dim; ++i) acc[i] += wgt * vv[i];

@@ -58,9 +58,17 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
   const int64_t n_slots = k_cache.dim(0) * k_cache.dim(1);
   const int64_t row = k.dim(1) * k.dim(2);
   const int64_t* slot = slots.data<int64_t>();
+  const bool fp8 = k_cache.dtype() == DType::kF8E4M3;
   for (int64_t t = 0; t < n_tokens; ++t) {
     KESTREL_CHECK(slot[t] >= 0 && slot[t] < n_slots, "kv_write: slot ", slot[t],
                   " outside the cache's ", n_slots, " slots");
+    if (fp8) {  // E4M3 under a scale of 1 (docs/fp8.md, "KV cache")
+      for (int64_t i = 0; i < row; ++i) {
+        k_cache.data<uint8_t>()[slot[t] * row + i] = f32_to_f8e4m3(k.data<float>()[t * row + i]);
+        v_cache.data<uint8_t>()[slot[t] * row + i] = f32_to_f8e4m3(v.data<float>()[t * row + i]);
+      }
+      continue;
+    }
     std::memcpy(k_cache.data<float>() + slot[t] * row, k.data<float>() + t * row,
                 sizeof(float) * row);
     std::memcpy(v_cache.data<float>() + slot[t] * row, v.data<float>() + t * row,
