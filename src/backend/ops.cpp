@@ -280,6 +280,10 @@ void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
   KESTREL_CHECK(weight.defined() && weight.ndim() == 2, "quantize_fp8: weight must be 2-D");
   KESTREL_CHECK(weight.dtype() == weight_dtype(weight.device()), "quantize_fp8: weight dtype ",
                 dtype_name(weight.dtype()));
+  KESTREL_CHECK(
+      !scale.defined() || (scale.dtype() == DType::kF32 && scale.numel() == weight.dim(0) &&
+                           scale.device() == weight.device()),
+      "quantize_fp8: a given scale must be F32 [", weight.dim(0), "] on the weight's device");
   KESTREL_DISPATCH(weight, quantize_fp8, weight, q, scale);
 }
 

@@ -66,7 +66,7 @@ FalconModel load_process_rank(const std::string& dir, Device device, const Paral
     KESTREL_FAIL("--nnodes on CUDA needs NCCL, and this build has none");
 #endif
   }
-  return FalconModel::load_process_rank(dir, device, std::move(comm));
+  return FalconModel::load_process_rank(dir, device, std::move(comm), weight_quant(a));
 }
 
 }  // namespace
@@ -83,7 +83,6 @@ void apply_kv_cache_dtype(FalconModel& model, const ParallelArgs& a) {
 
 FalconModel load_model(const std::string& dir, Device device, const ParallelArgs& a) {
   const WeightQuant quant = weight_quant(a);
-  if (quant.fp8 && a.nnodes > 1) KESTREL_FAIL("--quantize fp8 with --nnodes is not supported yet");
   FalconModel model = a.nnodes > 1 ? load_process_rank(dir, device, a)
                                    : FalconModel::load(dir, device, a.tensor_parallel, quant);
   apply_kv_cache_dtype(model, a);

@@ -44,10 +44,7 @@ FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_
                  ckpt.static_input_scales
                      ? "; its static input scales are not used: activations stay BF16 / F32"
                      : "");
-  if (tensor_parallel != 1) {
-    if (quant.fp8) KESTREL_FAIL("--quantize fp8 with --tensor-parallel is not supported yet");
-    return load_parallel(dir, device, tensor_parallel);
-  }
+  if (tensor_parallel != 1) return load_parallel(dir, device, tensor_parallel, quant);
   FalconConfig config = FalconConfig::from_model_dir(dir);
   WeightStore store = WeightStore::open_folder(dir);
   return from_store(config, store, device, quant);
@@ -245,20 +242,6 @@ void FalconModel::set_kv_cache_dtype(DType dtype) {
 
 DType FalconModel::linear_weight_dtype() const {
   return quant_.fp8 ? DType::kF8E4M3 : act_dtype_;
-}
-
-int64_t FalconModel::weight_bytes() const {
-  int64_t n = 0;
-  auto add = [&](const Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
-  add(word_embeddings_);
-  if (lm_head_.raw() != word_embeddings_.raw()) add(lm_head_);
-  add(ln_f_w_), add(ln_f_b_);
-  for (const FalconLayerWeights& w : layers_)
-    for (const Tensor* t : {&w.ln_attn_w, &w.ln_attn_b, &w.ln_mlp_w, &w.ln_mlp_b, &w.qkv_w,
-                            &w.qkv_b, &w.dense_w, &w.dense_b, &w.fc1_w, &w.fc1_b, &w.fc2_w,
-                            &w.fc2_b, &w.qkv_s, &w.dense_s, &w.fc1_s, &w.fc2_s})
-      add(*t);
-  return n;
 }
 
 void FalconModel::set_alibi_slopes(const std::vector<float>& slopes) {

@@ -54,16 +54,21 @@ class FalconModel {
   // ranks use NCCL. N is checked against the heads and the visible GPUs before any weight is
   // read. Unlike load(dir, device, 1), N = 1 here still sets up the communicator and calls the
   // collectives (the same code path as N > 1).
-  static FalconModel load_parallel(const std::string& dir, Device device, int tensor_parallel);
+  // With --quantize fp8 each rank quantizes its slices: column-parallel rows keep their own
+  // scales, a row-parallel slice takes the scales of its whole rows (the single-rank codes).
+  static FalconModel load_parallel(const std::string& dir, Device device, int tensor_parallel,
+                                   const WeightQuant& quant = {});
   static FalconModel from_store_parallel(const FalconConfig& config, const WeightStore& store,
-                                         Device device, int tensor_parallel);
+                                         Device device, int tensor_parallel,
+                                         const WeightQuant& quant = {});
   static FalconModel from_store(const FalconConfig& config, const WeightStore& store, Device device,
                                 const WeightQuant& quant = {});
   // One rank of tensor parallelism across processes (--nnodes; parallel/process_group.h): rank
   // comm->rank() of comm->size(), its slice read from DIR. Every process runs the same forwards;
   // each gets the whole logits (the lm_head's vocabulary shards are all-gathered).
   static FalconModel load_process_rank(const std::string& dir, Device device,
-                                       std::shared_ptr<Communicator> comm);
+                                       std::shared_ptr<Communicator> comm,
+                                       const WeightQuant& quant = {});
   // Random weights at the config's shapes, drawn on the device (benchmarks:
   // no files written or read).
   static FalconModel random(const FalconConfig& config, Device device, uint64_t seed = 0,
@@ -139,7 +144,8 @@ class FalconModel {
                            const std::function<Tensor(const std::string&)>& load,
                            const WeightQuant& quant = {}, const LoadFp8& load_fp8 = nullptr);
   static FalconModel build_rank(const FalconConfig& config, const WeightStore& store, Device device,
-                                bool has_lm_head, std::shared_ptr<Communicator> comm);
+                                bool has_lm_head, std::shared_ptr<Communicator> comm,
+                                const WeightQuant& quant);
   void check_batch(const ForwardBatch& batch, const KvCache& cache) const;
   void rope_tables(const ForwardBatch& batch, std::vector<float>& cos,
                    std::vector<float>& sin) const;

@@ -88,6 +88,24 @@ std::vector<std::byte> gather_slice(const TensorInfo& t, const std::vector<int64
   return out;
 }
 
+// The FP8 scale of each row of `t` over all its columns (amax / 448, 1 for zeros), the values
+// first rounded to `dtype` as the device holds them: what quantize_fp8 computes for the whole
+// tensor, for a row-parallel slice that holds only some of the columns.
+Tensor whole_row_scales(const TensorInfo& t, DType dtype) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  Tensor out = Tensor::empty(DType::kF32, {rows});
+  std::vector<float> row(static_cast<size_t>(cols));
+  const size_t es = dtype_size(t.dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    convert_to_f32(t.data + static_cast<size_t>(r * cols) * es, t.dtype, row.size(), row.data());
+    float amax = 0.0f;
+    for (float v : row)
+      amax = std::max(amax, std::fabs(dtype == DType::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v));
+    out.data<float>()[r] = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+  }
+  return out;
+}
+
 FalconConfig rank_config(const FalconConfig& c, const RankShard& s) {
   FalconConfig rc = c;
   rc.n_heads = s.n_local_heads();
@@ -112,7 +130,7 @@ std::vector<std::shared_ptr<Communicator>> make_group(Device device, int n) {
 // Rank comm->rank() of comm->size(): only its slice of every tensor is read.
 FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStore& store,
                                     Device device, bool has_lm_head,
-                                    std::shared_ptr<Communicator> comm) {
+                                    std::shared_ptr<Communicator> comm, const WeightQuant& quant) {
   const ShardDims dims = shard_dims(config);
   const int n = comm->size(), r = comm->rank();
   const DType dtype = ops::weight_dtype(device);
@@ -146,7 +164,17 @@ FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStor
     const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
     return ops::upload_weight(host.data(), info.dtype, shape, dtype, device);
   };
-  FalconModel m = build(rank_config(config, s), device, has_lm_head, load);
+  // --quantize fp8: the slice quantized as the single-rank model quantizes the whole tensor.
+  LoadFp8 load_fp8;
+  if (quant.fp8)
+    load_fp8 = [&](const std::string& name, Tensor& q, Tensor& scale) {
+      if (ends_with(name, ".self_attention.dense.weight") ||
+          ends_with(name, ".dense_4h_to_h.weight"))
+        scale = ops::to_device(whole_row_scales(store.get(name), dtype), device);
+      ops::quantize_fp8(load(name), q, scale);
+      return true;
+    };
+  FalconModel m = build(rank_config(config, s), device, has_lm_head, load, quant, load_fp8);
   if (!has_lm_head) m.lm_head_ = m.word_embeddings_.rows(0, vmax);
   std::shared_ptr<Communicator> timed = std::make_shared<TimedCommunicator>(std::move(comm));
   m.tp_ = {r, n, std::move(timed), s.vocab.begin, s.vocab.end, read};
@@ -163,7 +191,8 @@ static void refuse_fp8_checkpoint(const WeightStore& store) {
 }
 
 FalconModel FalconModel::load_process_rank(const std::string& dir, Device device,
-                                           std::shared_ptr<Communicator> comm) {
+                                           std::shared_ptr<Communicator> comm,
+                                           const WeightQuant& quant) {
   KESTREL_CHECK(comm != nullptr, "load_process_rank: no communicator");
   FalconConfig config = FalconConfig::from_model_dir(dir);
   check_tensor_parallel(shard_dims(config), comm->size());  // before any weight is read
@@ -173,10 +202,11 @@ FalconModel FalconModel::load_process_rank(const std::string& dir, Device device
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
   for (const WeightSpec& s : falcon_weight_specs(config, has_lm_head)) store.get(s.name, s.shape);
-  return build_rank(config, store, device, has_lm_head, std::move(comm));
+  return build_rank(config, store, device, has_lm_head, std::move(comm), quant);
 }
 
-FalconModel FalconModel::load_parallel(const std::string& dir, Device device, int tensor_parallel) {
+FalconModel FalconModel::load_parallel(const std::string& dir, Device device, int tensor_parallel,
+                                       const WeightQuant& quant) {
   FalconConfig config = FalconConfig::from_model_dir(dir);
   check_tensor_parallel(shard_dims(config), tensor_parallel);  // before any weight is read
   if (device == Device::kCuda) {
@@ -185,11 +215,11 @@ FalconModel FalconModel::load_parallel(const std::string& dir, Device device, in
                   tensor_parallel, " GPUs, ", visible, " visible");
   }
   WeightStore store = WeightStore::open_folder(dir);
-  return from_store_parallel(config, store, device, tensor_parallel);
+  return from_store_parallel(config, store, device, tensor_parallel, quant);
 }
 
 FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const WeightStore& store,
-                                             Device device, int n) {
+                                             Device device, int n, const WeightQuant& quant) {
   const ShardDims dims = shard_dims(config);
   check_tensor_parallel(dims, n);
   KESTREL_CHECK(device == Device::kCpu || n == 1, "--tensor-parallel ", n,
@@ -205,14 +235,33 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
   auto comms = make_group(device, n);
   auto group = std::make_shared<TpGroup>();
   for (int r = 0; r < n; ++r)
-    group->ranks.push_back(build_rank(config, store, device, has_lm_head, comms[r]));
+    group->ranks.push_back(build_rank(config, store, device, has_lm_head, comms[r], quant));
   FalconModel top;
   top.config_ = config;
   top.device_ = device;
   top.act_dtype_ = ops::weight_dtype(device);
+  top.quant_ = quant;
   top.tp_.size = n;
   top.group_ = std::move(group);
   return top;
+}
+
+int64_t FalconModel::weight_bytes() const {
+  int64_t n = 0;
+  if (group_) {
+    for (const FalconModel& m : group_->ranks) n += m.weight_bytes();
+    return n;
+  }
+  auto add = [&](const Tensor& t) { n += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; };
+  add(word_embeddings_);
+  if (lm_head_.raw() != word_embeddings_.raw()) add(lm_head_);
+  add(ln_f_w_), add(ln_f_b_);
+  for (const FalconLayerWeights& w : layers_)
+    for (const Tensor* t : {&w.ln_attn_w, &w.ln_attn_b, &w.ln_mlp_w, &w.ln_mlp_b, &w.qkv_w,
+                            &w.qkv_b, &w.dense_w, &w.dense_b, &w.fc1_w, &w.fc1_b, &w.fc2_w,
+                            &w.fc2_b, &w.qkv_s, &w.dense_s, &w.fc1_s, &w.fc2_s})
+      add(*t);
+  return n;
 }
 
 double FalconModel::collective_seconds() const {

@@ -147,6 +147,28 @@ TEST(TensorParallel, SevenHeadMultiQuery) {
   std::filesystem::remove_all(dir);
 }
 
+// --quantize fp8 sharded: every rank's codes and scales are the single-rank model's (a
+// row-parallel slice takes its whole rows' scales), so N ranks compute what one does; with an FP8
+// KV cache too. Fixtures of every layout, N up to their heads.
+TEST(TensorParallel, Fp8MatchesSingleRank) {
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {42, 17}, {5}};
+  for (const char* name : {"falcon40b-gqa", "falcon7b-mqa-parallel", "rw-mha-sequential-bias",
+                           "falcon180b-gqa-untied"}) {
+    SCOPED_TRACE(name);
+    const WeightQuant fp8{.fp8 = true};
+    FalconModel single = FalconModel::load(fixture_dir(name), Device::kCpu, 1, fp8);
+    single.set_kv_cache_dtype(DType::kF8E4M3);
+    const RunResult want = run(single, prompts, true);
+    for (int n : {2, 3}) {
+      SCOPED_TRACE("N=" + std::to_string(n));
+      FalconModel tp = FalconModel::load(fixture_dir(name), Device::kCpu, n, fp8);
+      EXPECT_EQ(tp.linear_weight_dtype(), DType::kF8E4M3);
+      tp.set_kv_cache_dtype(DType::kF8E4M3);
+      expect_same(run(tp, prompts, true), want);
+    }
+  }
+}
+
 TEST(TensorParallel, EachRankReadsItsShareAndCachesItsKvHeads) {
   const std::string name = "falcon40b-gqa";  // 8 heads, 2 K/V heads, biases off
   const FalconConfig c = FalconConfig::from_model_dir(fixture_dir(name));

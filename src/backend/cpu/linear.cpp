@@ -95,15 +95,16 @@ Tensor round_rows_fp8(const Tensor& x) {
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
   const int64_t rows = weight.dim(0), cols = weight.dim(1);
   q = Tensor::empty(DType::kF8E4M3, weight.shape());
-  scale = Tensor::empty(DType::kF32, {rows});
+  const bool given = scale.defined();
+  if (!given) scale = Tensor::empty(DType::kF32, {rows});
   const float* wp = weight.data<float>();
   uint8_t* qp = q.data<uint8_t>();
   float* sp = scale.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(wp[r * cols + c]));
-    const float s = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+    for (int64_t c = 0; c < cols && !given; ++c) amax = std::max(amax, std::fabs(wp[r * cols + c]));
+    const float s = given ? sp[r] : amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
     sp[r] = s;
     for (int64_t c = 0; c < cols; ++c) qp[r * cols + c] = f32_to_f8e4m3(wp[r * cols + c] / s);
   }

@@ -40,18 +40,18 @@ __device__ __forceinline__ float2 e4m3x2_to_f32(uint16_t codes) {
 // One block per row: the row's amax, then its codes.
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_rows_kernel(const uint16_t* __restrict__ w, int64_t cols, uint8_t* __restrict__ q,
-                         float* __restrict__ scale) {
+                         float* __restrict__ scale, bool given) {
   using Reduce = cub::BlockReduce<float, kQuantThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ float row_scale;
   const int64_t row = blockIdx.x;
   const uint16_t* wr = w + row * cols;
   float amax = 0.0f;
-  for (int64_t c = threadIdx.x; c < cols; c += kQuantThreads)
+  for (int64_t c = threadIdx.x; c < cols && !given; c += kQuantThreads)
     amax = fmaxf(amax, fabsf(bf16_bits_to_f32(wr[c])));
   amax = Reduce(tmp).Reduce(amax, [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) {
-    row_scale = amax > 0.0f && isfinite(amax) ? amax / kE4M3Max : 1.0f;
+    row_scale = given ? scale[row] : amax > 0.0f && isfinite(amax) ? amax / kE4M3Max : 1.0f;
     scale[row] = row_scale;
   }
   __syncthreads();
@@ -189,9 +189,10 @@ void launch_fp8(const uint4* x, const uint4* w, const float* scale, bool per_row
 }  // namespace
 
 void quantize_fp8_rows(const uint16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scale,
-                       cudaStream_t s) {
+                       bool given_scale, cudaStream_t s) {
   if (rows == 0) return;
-  quantize_rows_kernel<<<static_cast<unsigned>(rows), kQuantThreads, 0, s>>>(w, cols, q, scale);
+  quantize_rows_kernel<<<static_cast<unsigned>(rows), kQuantThreads, 0, s>>>(w, cols, q, scale,
+                                                                             given_scale);
 }
 
 void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int64_t rows,

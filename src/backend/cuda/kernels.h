@@ -80,9 +80,10 @@ void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t
 
 // --- FP8 E4M3 weights (fp8.cu) ------------------------------------------------
 // w [rows, cols] BF16 -> q [rows, cols] E4M3 and scale [rows] F32: per row amax / 448 (1 for
-// zeros), round to nearest even, saturating (the CPU's ops::quantize_fp8, code for code).
+// zeros), round to nearest even, saturating (the CPU's ops::quantize_fp8, code for code); with
+// given_scale, scale is read, not computed.
 void quantize_fp8_rows(const uint16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scale,
-                       cudaStream_t s);
+                       bool given_scale, cudaStream_t s);
 // out [rows, cols] BF16 = q * scale (scale [rows] per_row, else [1]).
 void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int64_t rows,
                          int64_t cols, uint16_t* out, cudaStream_t s);
