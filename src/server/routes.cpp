@@ -110,7 +110,9 @@ Routed Api::route(const RequestHead& head, const std::string& body) {
     r = head.method == "OPTIONS" ? answer(preflight(head, path))
                                  : dispatch(head.method, path, body);
   } catch (const ValidationError& e) {
-    metrics_.request_failed(http_status(e.kind()).error_type);
+    // One failure reason a request: an adapter that cannot be used counts as "adapter".
+    const bool adapter = e.field() == "adapter_id" || e.field() == "model";
+    metrics_.request_failed(adapter ? "adapter" : http_status(e.kind()).error_type);
     r = answer(error_reply(e.kind(), validation_message(e)));
   } catch (const Error& e) {
     if (e.kind() == ErrorKind::kInternal) spdlog::error("{} {}: {}", head.method, path, e.what());
@@ -300,7 +302,6 @@ void Api::check_adapter(const AdapterRef& ref, const char* field) {
   try {
     options_.adapters->resolve(ref.id, ref.source);
   } catch (const Error& e) {
-    metrics_.request_failed("adapter");
     throw ValidationError(field, std::string("`") + field + "`: " + e.what(), e.kind());
   }
 }
