@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev clang-format
   libboost-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev libopenblas-dev
   libcli11-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-pip python3-venv strace
+  python3 python3-pip python3-venv strace chromium chromium-driver
 )
 
 missing=()

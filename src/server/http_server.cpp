@@ -197,6 +197,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     head.content_type = std::string(req[http::field::content_type]);
     head.host = std::string(req[http::field::host]);
     head.origin = std::string(req[http::field::origin]);
+    head.accept = std::string(req[http::field::accept]);
     head.access_control_request_method =
         std::string(req[http::field::access_control_request_method]);
     Routed r = srv_.api.route(head, req.body());

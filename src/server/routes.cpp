@@ -24,6 +24,7 @@ struct RouteSpec {
 };
 constexpr RouteSpec kRoutes[] = {
     {"/", "POST"},
+    {"/", "GET"},
     {"/generate", "POST"},
     {"/generate_stream", "POST"},
     {"/tokenize", "POST"},
@@ -36,6 +37,7 @@ constexpr RouteSpec kRoutes[] = {
     {"/v1/models", "GET"},
     {"/v1/completions", "POST"},
     {"/v1/chat/completions", "POST"},
+    {"/playground", "GET"},
 };
 
 // "ORG/NAME": what a Hugging Face repo id looks like (not a path: no leading / or ., one /).
@@ -107,8 +109,12 @@ Routed Api::route(const RequestHead& head, const std::string& body) {
   Routed r;
   try {
     check_head(head, path);
-    r = head.method == "OPTIONS" ? answer(preflight(head, path))
-                                 : dispatch(head.method, path, body);
+    if (head.method == "OPTIONS")
+      r = answer(preflight(head, path));
+    else if (head.method == "GET" && (path == "/playground" || path == "/"))
+      r = answer(playground(head));
+    else
+      r = dispatch(head.method, path, body);
   } catch (const ValidationError& e) {
     // One failure reason a request: an adapter that cannot be used counts as "adapter".
     const bool adapter = e.field() == "adapter_id" || e.field() == "model";
@@ -140,7 +146,9 @@ void Api::check_head(const RequestHead& head, const std::string& path) const {
     throw Error("the Host header names a host this server does not answer for (--allowed-hosts)",
                 ErrorKind::kForbidden);
   if (head.method == "OPTIONS") return;  // a preflight carries no credentials
-  if (!options_.api_key.empty() && path != "/health" &&
+  // The page asks for the key itself: a browser's navigation cannot carry it.
+  const bool page = head.method == "GET" && (path == "/playground" || path == "/");
+  if (!options_.api_key.empty() && path != "/health" && !page &&
       !bearer_matches(head.authorization, options_.api_key))
     throw Error("missing or wrong API key (Authorization: Bearer <key>)",
                 ErrorKind::kUnauthenticated);
@@ -153,6 +161,24 @@ std::vector<std::pair<std::string, std::string>> Api::cors_headers(
     const std::string& origin) const {
   if (origin.empty() || !origin_allowed(origin, options_.cors_origins)) return {};
   return {{"Access-Control-Allow-Origin", origin}, {"Vary", "Origin"}};
+}
+
+Reply Api::playground(const RequestHead& head) const {
+  const std::string path = head.target.substr(0, head.target.find('?'));
+  if (path == "/" && head.accept.find("text/html") == std::string::npos)
+    throw Error("GET / serves the playground page to browsers (Accept: text/html); the API is "
+                "POST / (LoRAX / TGI)",
+                ErrorKind::kMethodNotAllowed);
+  Reply r;
+  r.content_type = "text/html; charset=utf-8";
+  r.body = playground_html();
+  // The page loads nothing from elsewhere and may not be framed by another site.
+  r.headers.emplace_back("Content-Security-Policy",
+                         "default-src 'self'; script-src 'unsafe-inline'; style-src "
+                         "'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'");
+  r.headers.emplace_back("X-Content-Type-Options", "nosniff");
+  r.headers.emplace_back("Cache-Control", "no-cache");
+  return r;
 }
 
 Reply Api::preflight(const RequestHead& head, const std::string& path) const {

@@ -60,6 +60,7 @@ class GenerationJob {
 struct RequestHead {
   std::string method, target;
   std::string authorization, content_type, host, origin;
+  std::string accept;  // GET / with text/html here is the playground page
   std::string access_control_request_method;  // set on a CORS preflight
 };
 
@@ -123,6 +124,7 @@ class Api {
   // The CORS headers for `origin` (none when it is not allowed or absent).
   std::vector<std::pair<std::string, std::string>> cors_headers(const std::string& origin) const;
   Reply preflight(const RequestHead& head, const std::string& path) const;
+  Reply playground(const RequestHead& head) const;
   Routed generate(const std::string& body, bool stream_default, bool from_root);
   Routed completions(const std::string& body);
   Routed chat(const std::string& body);
@@ -149,5 +151,8 @@ class Api {
 
 // The OpenAPI document served at /docs (docs/openapi.json, embedded at build time).
 const std::string& openapi_json();
+// The browser playground served at GET /playground and at GET / for a browser
+// (src/server/playground.html, embedded at build time).
+const std::string& playground_html();
 
 }  // namespace kestrel::server
