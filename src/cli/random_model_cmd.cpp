@@ -2,6 +2,7 @@
 // safetensors, the real tensor layout) with random weights at the real shapes,
 // for benchmarks: no real checkpoint can be downloaded where kestrel is built.
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -54,6 +55,35 @@ void fill_random(std::span<std::byte> out, DType dtype, uint64_t seed, float amp
   }
 }
 
+// The values fill_random draws for a tensor of n elements, rounded to BF16 (what a BF16 folder of
+// the same seed holds), as floats.
+std::vector<float> draw_bf16(int64_t n, uint64_t seed, float amp, float constant) {
+  std::vector<uint16_t> bits(static_cast<size_t>(n));
+  fill_random(std::as_writable_bytes(std::span<uint16_t>(bits)), DType::kBF16, seed, amp, constant);
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) out[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
+// Per output row of [rows, cols] values: the FP8 scale (amax / 448, 1 for zeros), as
+// ops::quantize_fp8 computes it.
+std::vector<float> row_scales(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> s(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[r * cols + c]));
+    s[r] = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+  }
+  return s;
+}
+
+bool is_fp8_linear(const std::string& name) {
+  for (const char* m : {".query_key_value.weight", ".self_attention.dense.weight",
+                        ".dense_h_to_4h.weight", ".dense_4h_to_h.weight"})
+    if (name.size() > std::strlen(m) && name.ends_with(m)) return true;
+  return false;
+}
+
 struct RandomArgs {
   std::string preset = "tiny";
   std::string out;
@@ -92,10 +122,15 @@ void run_random_model(const RandomArgs& a) {
   }
   if (a.ffn) c.ffn_hidden_size = a.ffn;
   if (a.vocab) c.vocab_size = a.vocab;
-  c.dtype = a.dtype == "bf16"  ? DType::kBF16
-            : a.dtype == "f16" ? DType::kF16
-            : a.dtype == "f32" ? DType::kF32
-                               : throw Error("--dtype must be bf16, f16 or f32, got " + a.dtype);
+  // fp8: the linears as an FP8 checkpoint (compressed-tensors, per-channel scales) of the values a
+  // BF16 folder of the same seed holds, the rest BF16: `--dtype fp8` loads to exactly what
+  // `--dtype bf16` loads to with --quantize fp8, at half the bytes on disk.
+  const bool fp8 = a.dtype == "fp8";
+  c.dtype = a.dtype == "bf16" || fp8 ? DType::kBF16
+            : a.dtype == "f16"       ? DType::kF16
+            : a.dtype == "f32"
+                ? DType::kF32
+                : throw Error("--dtype must be bf16, f16, f32 or fp8, got " + a.dtype);
   // Round-trip through the parser so that what we write is what the loader reads.
   c = FalconConfig::from_json(c.to_json(), "random-model " + a.preset);
 
@@ -111,12 +146,48 @@ void run_random_model(const RandomArgs& a) {
     const float constant = is_norm && !is_bias ? 1.0f : 0.0f;
     const float amp = is_norm || is_bias ? 0.0f : 0.02f * std::sqrt(3.0f);
     const uint64_t seed = name_hash(w.name) ^ (a.seed * 0x9e3779b97f4a7c15ull);
+    if (fp8 && is_fp8_linear(w.name)) {
+      const int64_t rows = w.shape[0], cols = w.shape[1];
+      specs.push_back({w.name, DType::kF8E4M3, w.shape, [=](std::span<std::byte> out) {
+                         const std::vector<float> v = draw_bf16(rows * cols, seed, amp, constant);
+                         const std::vector<float> s = row_scales(v, rows, cols);
+                         auto* q = reinterpret_cast<uint8_t*>(out.data());
+#pragma omp parallel for schedule(static)
+                         for (int64_t r = 0; r < rows; ++r)
+                           for (int64_t k = 0; k < cols; ++k)
+                             q[r * cols + k] = f32_to_f8e4m3(v[r * cols + k] / s[r]);
+                       }});
+      const std::string scale_name = w.name.substr(0, w.name.size() - 7) + ".weight_scale";
+      specs.push_back({scale_name, DType::kF32, {rows}, [=](std::span<std::byte> out) {
+                         const std::vector<float> s =
+                             row_scales(draw_bf16(rows * cols, seed, amp, constant), rows, cols);
+                         std::memcpy(out.data(), s.data(), s.size() * sizeof(float));
+                       }});
+      continue;
+    }
     specs.push_back({w.name, dt, w.shape,
                      [=](std::span<std::byte> out) { fill_random(out, dt, seed, amp, constant); }});
   }
   {
+    nlohmann::json config = c.to_json();
+    if (fp8)
+      config["quantization_config"] = {
+          {"quant_method", "compressed-tensors"},
+          {"format", "float-quantized"},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"weights",
+               {{"num_bits", 8},
+                {"type", "float"},
+                {"strategy", "channel"},
+                {"symmetric", true},
+                {"dynamic", false}}},
+              {"input_activations",
+               {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}}}}}},
+          {"ignore", {"lm_head"}}};
     std::ofstream cfg(std::filesystem::path(a.out) / "config.json");
-    cfg << c.to_json().dump(2) << "\n";
+    cfg << config.dump(2) << "\n";
     KESTREL_CHECK(cfg.good(), "cannot write ", a.out, "/config.json");
   }
   if (!a.tokenizer.empty()) {
@@ -145,7 +216,10 @@ void add_random_model_command(CLI::App& app) {
   cmd->add_option("--kv-heads", a.kv_heads, "override the K/V head count");
   cmd->add_option("--ffn", a.ffn, "override ffn_hidden_size");
   cmd->add_option("--vocab", a.vocab, "override vocab_size");
-  cmd->add_option("--dtype", a.dtype, "bf16, f16 or f32")->capture_default_str();
+  cmd->add_option("--dtype", a.dtype,
+                  "bf16, f16, f32, or fp8 (the linears as a compressed-tensors FP8 checkpoint, "
+                  "the rest bf16)")
+      ->capture_default_str();
   cmd->add_option("--seed", a.seed, "random seed")->capture_default_str();
   cmd->add_option("--shard-size-mb", a.shard_mb, "largest shard")->capture_default_str();
   cmd->add_option("--tokenizer", a.tokenizer, "tokenizer.json to copy into the folder");

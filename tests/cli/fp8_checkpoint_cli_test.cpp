@@ -174,6 +174,31 @@ TEST(Fp8Checkpoint, TgiFp8PerTensorAndBf16Scales) {
   }
 }
 
+// `random-model --dtype fp8` writes the FP8 checkpoint of the values `--dtype bf16` writes with the
+// same seed: loaded, the two are the same model (with --quantize fp8 for the BF16 one).
+TEST(Fp8Checkpoint, RandomModelWritesFp8) {
+  const std::string base =
+      fs::temp_directory_path() / ("kestrel_fp8_rand_" + std::to_string(getpid()));
+  for (const char* dt : {"bf16", "fp8"}) {
+    const auto r = test::run_kestrel("random-model --preset tiny --layers 2 --seed 7 --dtype " +
+                                         std::string(dt) + " --out " + base + "_" + dt,
+                                     true);
+    ASSERT_EQ(r.status, 0) << r.out;
+  }
+  const json cfg = json::parse(std::ifstream(base + "_fp8/config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["quant_method"], "compressed-tensors");
+  WeightStore fp8(WeightStore::open_folder(base + "_fp8"));
+  EXPECT_EQ(fp8.get("transformer.h.0.mlp.dense_h_to_4h.weight").dtype, DType::kF8E4M3);
+  EXPECT_EQ(fp8.get("transformer.h.0.mlp.dense_h_to_4h.weight_scale").dtype, DType::kF32);
+  EXPECT_EQ(fp8.get("transformer.word_embeddings.weight").dtype, DType::kBF16);
+  auto r = logits(base + "_bf16", base + "_a.safetensors", "--quantize fp8");
+  ASSERT_EQ(r.status, 0) << r.out;
+  r = logits(base + "_fp8", base + "_b.safetensors");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(read_logits(base + "_a.safetensors"), read_logits(base + "_b.safetensors"));
+  for (const char* dt : {"_bf16", "_fp8"}) fs::remove_all(base + dt);
+}
+
 struct Bad {
   std::string name;
   Options options;
