@@ -42,7 +42,8 @@ esac
 
 case ,$STEPS, in *,serve,*)
   t0=$(date +%s)
-  [ -e "$MODEL/config.json" ] || timeout 200 ./$BIN/kestrel random-model --preset falcon-7b \
+  # RANDOM_ARGS="--preset falcon-40b --dtype fp8": falcon-40b as an FP8 checkpoint (42 GB).
+  [ -e "$MODEL/config.json" ] || timeout 400 ./$BIN/kestrel random-model ${RANDOM_ARGS:---preset falcon-7b} \
     --out "$MODEL" --tokenizer tests/data/tokenizer/falcon-tokenizer.json >"$OUT/random_model.log" 2>&1
   echo "random-model rc=$? $(( $(date +%s) - t0 )) s; $(du -sh "$MODEL" | cut -f1)"
   ./$BIN/kestrel serve --device cuda --model "$MODEL" --port $PORT $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
