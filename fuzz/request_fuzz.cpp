@@ -24,10 +24,18 @@ struct Routes {
   const char* path;
 };
 constexpr Routes kRoutes[] = {
-    {"POST", "/generate"},        {"POST", "/generate_stream"},      {"POST", "/"},
-    {"POST", "/v1/completions"},  {"POST", "/v1/chat/completions"}, {"POST", "/tokenize"},
-    {"GET", "/info"},             {"GET", "/v1/models"},            {"GET", "/metrics"},
-    {"OPTIONS", "/generate"},     {"PUT", "/generate"},             {"GET", "/nope"},
+    {"POST", "/generate"},
+    {"POST", "/generate_stream"},
+    {"POST", "/"},
+    {"POST", "/v1/completions"},
+    {"POST", "/v1/chat/completions"},
+    {"POST", "/tokenize"},
+    {"GET", "/info"},
+    {"GET", "/v1/models"},
+    {"GET", "/metrics"},
+    {"OPTIONS", "/generate"},
+    {"PUT", "/generate"},
+    {"GET", "/nope"},
 };
 
 struct World {
@@ -94,8 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // An accepted generation: within the limits the engine checks again on submit.
   const auto n = static_cast<int64_t>(routed.request.prompt_ids.size());
   if (n < 1 || n > w.options.limits.max_input_length ||
-      n + routed.request.params.max_new_tokens > w.options.limits.max_total_tokens ||
-      !routed.job) {
+      n + routed.request.params.max_new_tokens > w.options.limits.max_total_tokens || !routed.job) {
     std::fprintf(stderr, "accepted a request the engine cannot take (%lld prompt tokens)\n",
                  static_cast<long long>(n));
     std::abort();

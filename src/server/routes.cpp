@@ -166,9 +166,10 @@ std::vector<std::pair<std::string, std::string>> Api::cors_headers(
 Reply Api::playground(const RequestHead& head) const {
   const std::string path = head.target.substr(0, head.target.find('?'));
   if (path == "/" && head.accept.find("text/html") == std::string::npos)
-    throw Error("GET / serves the playground page to browsers (Accept: text/html); the API is "
-                "POST / (LoRAX / TGI)",
-                ErrorKind::kMethodNotAllowed);
+    throw Error(
+        "GET / serves the playground page to browsers (Accept: text/html); the API is "
+        "POST / (LoRAX / TGI)",
+        ErrorKind::kMethodNotAllowed);
   Reply r;
   r.content_type = "text/html; charset=utf-8";
   r.body = playground_html();

@@ -60,7 +60,7 @@ class GenerationJob {
 struct RequestHead {
   std::string method, target;
   std::string authorization, content_type, host, origin;
-  std::string accept;  // GET / with text/html here is the playground page
+  std::string accept;                         // GET / with text/html here is the playground page
   std::string access_control_request_method;  // set on a CORS preflight
 };
 

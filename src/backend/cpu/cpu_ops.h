@@ -10,7 +10,7 @@
 namespace kestrel::ops {
 struct LoraSegment;
 struct LinearEpilogue;
-}
+}  // namespace kestrel::ops
 
 namespace kestrel::cpu {
 
