@@ -278,8 +278,8 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
 
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
   KESTREL_CHECK(weight.defined() && weight.ndim() == 2, "quantize_fp8: weight must be 2-D");
-  KESTREL_CHECK(weight.dtype() == weight_dtype(weight.device()), "quantize_fp8: weight dtype ",
-                dtype_name(weight.dtype()));
+  KESTREL_CHECK(weight.dtype() == weight_dtype(weight.device()) || weight.dtype() == DType::kF32,
+                "quantize_fp8: weight dtype ", dtype_name(weight.dtype()));
   KESTREL_CHECK(
       !scale.defined() || (scale.dtype() == DType::kF32 && scale.numel() == weight.dim(0) &&
                            scale.device() == weight.device()),

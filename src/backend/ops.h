@@ -73,7 +73,8 @@ struct LinearEpilogue {
 
 // FP8 E4M3 weights: q [out, in] F8_E4M3 and scale [out] F32 with weight ~ q * scale, one scale
 // per output row (the row's amax / 448; 1 for a row of zeros), rounded to nearest even and
-// saturating. weight [out, in] in the device's weight dtype. A scale already defined on entry
+// saturating. weight [out, in] in the device's weight dtype or F32. A scale already defined on
+// entry
 // ([out] F32 on the weight's device) is used as given: a row-parallel shard of a weight is
 // quantized with the scales of its whole rows.
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);

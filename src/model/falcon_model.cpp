@@ -69,7 +69,15 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
   // A pre-quantized linear: its E4M3 codes as they are and its scales, checked.
   auto load_fp8 = [&](const std::string& name, Tensor& q, Tensor& scale) {
     const TensorInfo& info = store.get(name);
-    if (!is_fp8(info.dtype)) return false;
+    if (!is_fp8(info.dtype)) {
+      if (!quant.fp8) return false;
+      // --quantize fp8 from the checkpoint's own values: an F32 / F16 weight is not rounded to
+      // BF16 first on CUDA (that would round twice, and the codes would not be the CPU's).
+      const DType wide = info.dtype == DType::kBF16 ? ops::weight_dtype(device) : DType::kF32;
+      ops::quantize_fp8(ops::upload_weight(info.data, info.dtype, info.shape, wide, device), q,
+                        scale);
+      return true;
+    }
     if (info.dtype != DType::kF8E4M3)
       KESTREL_FAIL("tensor ", name, " is ", dtype_name(info.dtype),
                    ": only F8_E4M3 weights are supported");

@@ -168,10 +168,20 @@ FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStor
   LoadFp8 load_fp8;
   if (quant.fp8)
     load_fp8 = [&](const std::string& name, Tensor& q, Tensor& scale) {
+      // From the checkpoint's own values, as the single-rank load (F32 / F16 not through BF16).
+      const TensorInfo& info = store.get(name);
+      const DType wide = info.dtype == DType::kBF16 ? dtype : DType::kF32;
       if (ends_with(name, ".self_attention.dense.weight") ||
           ends_with(name, ".dense_4h_to_h.weight"))
-        scale = ops::to_device(whole_row_scales(store.get(name), dtype), device);
-      ops::quantize_fp8(load(name), q, scale);
+        scale = ops::to_device(whole_row_scales(info, wide), device);
+      std::vector<int64_t> rows, cols;
+      if (ends_with(name, ".query_key_value.weight")) rows = qkv_rows;
+      if (ends_with(name, ".self_attention.dense.weight")) cols = dense_cols;
+      if (ends_with(name, ".dense_h_to_4h.weight")) rows = ffn;
+      if (ends_with(name, ".dense_4h_to_h.weight")) cols = ffn;
+      Shape shape;
+      const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
+      ops::quantize_fp8(ops::upload_weight(host.data(), info.dtype, shape, wide, device), q, scale);
       return true;
     };
   FalconModel m = build(rank_config(config, s), device, has_lm_head, load, quant, load_fp8);

@@ -37,18 +37,26 @@ __device__ __forceinline__ float2 e4m3x2_to_f32(uint16_t codes) {
   return __half22float2(*reinterpret_cast<const __half2*>(&h));
 }
 
-// One block per row: the row's amax, then its codes.
+__device__ __forceinline__ float load_f32(const uint16_t* p, int64_t i) {
+  return bf16_bits_to_f32(p[i]);
+}
+__device__ __forceinline__ float load_f32(const float* p, int64_t i) {
+  return p[i];
+}
+
+// One block per row: the row's amax, then its codes. T: uint16_t (BF16 bits) or float.
+template <typename T>
 __global__ void __launch_bounds__(kQuantThreads)
-    quantize_rows_kernel(const uint16_t* __restrict__ w, int64_t cols, uint8_t* __restrict__ q,
+    quantize_rows_kernel(const T* __restrict__ w, int64_t cols, uint8_t* __restrict__ q,
                          float* __restrict__ scale, bool given) {
   using Reduce = cub::BlockReduce<float, kQuantThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ float row_scale;
   const int64_t row = blockIdx.x;
-  const uint16_t* wr = w + row * cols;
+  const T* wr = w + row * cols;
   float amax = 0.0f;
   for (int64_t c = threadIdx.x; c < cols && !given; c += kQuantThreads)
-    amax = fmaxf(amax, fabsf(bf16_bits_to_f32(wr[c])));
+    amax = fmaxf(amax, fabsf(load_f32(wr, c)));
   amax = Reduce(tmp).Reduce(amax, [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) {
     row_scale = given ? scale[row] : amax > 0.0f && isfinite(amax) ? amax / kE4M3Max : 1.0f;
@@ -57,7 +65,7 @@ __global__ void __launch_bounds__(kQuantThreads)
   __syncthreads();
   const float s = row_scale;
   for (int64_t c = threadIdx.x; c < cols; c += kQuantThreads)
-    q[row * cols + c] = to_e4m3(bf16_bits_to_f32(wr[c]) / s);
+    q[row * cols + c] = to_e4m3(load_f32(wr, c) / s);
 }
 
 __global__ void dequantize_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scale,
@@ -188,11 +196,16 @@ void launch_fp8(const uint4* x, const uint4* w, const float* scale, bool per_row
 
 }  // namespace
 
-void quantize_fp8_rows(const uint16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scale,
-                       bool given_scale, cudaStream_t s) {
+void quantize_fp8_rows(const void* w, bool f32_in, int64_t rows, int64_t cols, uint8_t* q,
+                       float* scale, bool given_scale, cudaStream_t s) {
   if (rows == 0) return;
-  quantize_rows_kernel<<<static_cast<unsigned>(rows), kQuantThreads, 0, s>>>(w, cols, q, scale,
-                                                                             given_scale);
+  const auto blocks = static_cast<unsigned>(rows);
+  if (f32_in)
+    quantize_rows_kernel<<<blocks, kQuantThreads, 0, s>>>(static_cast<const float*>(w), cols, q,
+                                                          scale, given_scale);
+  else
+    quantize_rows_kernel<<<blocks, kQuantThreads, 0, s>>>(static_cast<const uint16_t*>(w), cols, q,
+                                                          scale, given_scale);
 }
 
 void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int64_t rows,

@@ -230,8 +230,9 @@ void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
   q = Tensor::empty(DType::kF8E4M3, weight.shape(), Device::kCuda);
   const bool given = scale.defined();
   if (!given) scale = Tensor::empty(DType::kF32, {weight.dim(0)}, Device::kCuda);
-  kernels::quantize_fp8_rows(weight.data<uint16_t>(), weight.dim(0), weight.dim(1),
-                             q.data<uint8_t>(), scale.data<float>(), given, stream());
+  kernels::quantize_fp8_rows(weight.raw(), weight.dtype() == DType::kF32, weight.dim(0),
+                             weight.dim(1), q.data<uint8_t>(), scale.data<float>(), given,
+                             stream());
   CUDA_CHECK_LAUNCH();
 }
 

@@ -82,8 +82,9 @@ void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t
 // w [rows, cols] BF16 -> q [rows, cols] E4M3 and scale [rows] F32: per row amax / 448 (1 for
 // zeros), round to nearest even, saturating (the CPU's ops::quantize_fp8, code for code); with
 // given_scale, scale is read, not computed.
-void quantize_fp8_rows(const uint16_t* w, int64_t rows, int64_t cols, uint8_t* q, float* scale,
-                       bool given_scale, cudaStream_t s);
+// w is F32 with f32_in, else BF16.
+void quantize_fp8_rows(const void* w, bool f32_in, int64_t rows, int64_t cols, uint8_t* q,
+                       float* scale, bool given_scale, cudaStream_t s);
 // out [rows, cols] BF16 = q * scale (scale [rows] per_row, else [1]).
 void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int64_t rows,
                          int64_t cols, uint16_t* out, cudaStream_t s);
