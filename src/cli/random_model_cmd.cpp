@@ -69,6 +69,7 @@ std::vector<float> draw_bf16(int64_t n, uint64_t seed, float amp, float constant
 // ops::quantize_fp8 computes it.
 std::vector<float> row_scales(const std::vector<float>& v, int64_t rows, int64_t cols) {
   std::vector<float> s(static_cast<size_t>(rows));
+#pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[r * cols + c]));
