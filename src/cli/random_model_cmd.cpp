@@ -73,7 +73,7 @@ std::vector<float> row_scales(const std::vector<float>& v, int64_t rows, int64_t
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(v[r * cols + c]));
-    s[r] = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+    s[r] = fp8_scale(amax);
   }
   return s;
 }

@@ -49,6 +49,12 @@ float f8e5m2_to_f32(uint8_t v);
 uint8_t f32_to_f8e4m3(float f);
 uint8_t f32_to_f8e5m2(float f);
 
+// The E4M3 scale of values whose largest magnitude is `amax`: amax / 448, so that it maps to the
+// largest code; 1 for all zeros (or a non-finite amax). Every FP8 quantizer of kestrel uses it.
+inline float fp8_scale(float amax) {
+  return amax > 0.0f && amax <= 3.4028235e38f ? amax / kF8E4M3Max : 1.0f;
+}
+
 // Whether `dtype` is one of the FP8 types.
 inline bool is_fp8(DType dtype) {
   return dtype == DType::kF8E4M3 || dtype == DType::kF8E5M2;

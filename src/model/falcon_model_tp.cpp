@@ -101,7 +101,7 @@ Tensor whole_row_scales(const TensorInfo& t, DType dtype) {
     float amax = 0.0f;
     for (float v : row)
       amax = std::max(amax, std::fabs(dtype == DType::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : v));
-    out.data<float>()[r] = amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+    out.data<float>()[r] = fp8_scale(amax);
   }
   return out;
 }

@@ -60,19 +60,8 @@ TEST_P(FixtureTest, GreedyDecodeMatchesTransformers) {
   EXPECT_LE(worst, kTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest,
-                         ::testing::Values("falcon7b-mqa-parallel", "legacy-rw-7b-config",
-                                           "falcon40b-gqa", "legacy-rw-40b-config",
-                                           "rw-mha-sequential-bias", "falcon180b-gqa-untied",
-                                           "falcon2-11b-style", "falcon40b-hd64-gqa",
-                                           "falcon7b-hd128-mqa", "e2e-falcon7b-fullvocab",
-                                           "rw-alibi-mha"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (char& c : s)
-                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(test::base_fixtures()),
+                         [](const auto& info) { return test::fixture_test_name(info.param); });
 
 }  // namespace
 }  // namespace kestrel

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -11,6 +12,28 @@
 #include "io/safetensors.h"
 
 namespace kestrel::test {
+
+// Every base-model fixture of tests/data (FIXTURES.md), for the suites that run them all.
+inline const std::vector<std::string>& base_fixtures() {
+  static const std::vector<std::string> names = {"falcon7b-mqa-parallel",
+                                                 "legacy-rw-7b-config",
+                                                 "falcon40b-gqa",
+                                                 "legacy-rw-40b-config",
+                                                 "rw-mha-sequential-bias",
+                                                 "falcon180b-gqa-untied",
+                                                 "falcon2-11b-style",
+                                                 "falcon40b-hd64-gqa",
+                                                 "falcon7b-hd128-mqa",
+                                                 "e2e-falcon7b-fullvocab",
+                                                 "rw-alibi-mha"};
+  return names;
+}
+
+// A fixture name as a test-name suffix (gtest allows letters, digits and '_').
+inline std::string fixture_test_name(std::string s) {
+  for (char& c : s) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return s;
+}
 
 inline std::string fixture_dir(const std::string& name) {
   return std::string(KESTREL_TEST_DATA) + "/" + name;

@@ -178,19 +178,8 @@ TEST(Fp8Model, WeightBytes) {
   EXPECT_EQ(full.weight_bytes() - fp8.weight_bytes(), linear_elems * 3 - scales);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8FixtureTest,
-                         ::testing::Values("falcon7b-mqa-parallel", "legacy-rw-7b-config",
-                                           "falcon40b-gqa", "legacy-rw-40b-config",
-                                           "rw-mha-sequential-bias", "falcon180b-gqa-untied",
-                                           "falcon2-11b-style", "falcon40b-hd64-gqa",
-                                           "falcon7b-hd128-mqa", "e2e-falcon7b-fullvocab",
-                                           "rw-alibi-mha"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           for (char& c : s)
-                             c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8FixtureTest, ::testing::ValuesIn(test::base_fixtures()),
+                         [](const auto& info) { return test::fixture_test_name(info.param); });
 
 }  // namespace
 }  // namespace kestrel

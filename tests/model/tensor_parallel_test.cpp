@@ -58,11 +58,6 @@ void expect_same(const RunResult& got, const RunResult& single) {
   EXPECT_LE(worst, kVsSingle);
 }
 
-const std::vector<std::string> kBaseFixtures = {
-    "falcon7b-mqa-parallel",  "legacy-rw-7b-config",    "falcon40b-gqa",     "legacy-rw-40b-config",
-    "rw-mha-sequential-bias", "falcon180b-gqa-untied",  "falcon2-11b-style", "falcon40b-hd64-gqa",
-    "falcon7b-hd128-mqa",     "e2e-falcon7b-fullvocab", "rw-alibi-mha"};
-
 class TpFixtureTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(TpFixtureTest, MatchesSingleRankAndTransformers) {
@@ -104,7 +99,7 @@ TEST_P(TpFixtureTest, MatchesSingleRankAndTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, TpFixtureTest,
-                         ::testing::Combine(::testing::ValuesIn(kBaseFixtures),
+                         ::testing::Combine(::testing::ValuesIn(test::base_fixtures()),
                                             ::testing::Values(2, 3, 4)),
                          [](const auto& info) {
                            std::string s = std::get<0>(info.param);

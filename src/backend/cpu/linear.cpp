@@ -83,7 +83,7 @@ Tensor round_rows_fp8(const Tensor& x) {
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0.0f;
     for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(xp[r * cols + c]));
-    const float s = amax > 0.0f ? amax / kF8E4M3Max : 1.0f;
+    const float s = fp8_scale(amax);
     for (int64_t c = 0; c < cols; ++c)
       op[r * cols + c] = f8e4m3_to_f32(f32_to_f8e4m3(xp[r * cols + c] / s)) * s;
   }
@@ -104,7 +104,7 @@ void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float amax = 0.0f;
     for (int64_t c = 0; c < cols && !given; ++c) amax = std::max(amax, std::fabs(wp[r * cols + c]));
-    const float s = given ? sp[r] : amax > 0.0f && std::isfinite(amax) ? amax / kF8E4M3Max : 1.0f;
+    const float s = given ? sp[r] : fp8_scale(amax);
     sp[r] = s;
     for (int64_t c = 0; c < cols; ++c) qp[r * cols + c] = f32_to_f8e4m3(wp[r * cols + c] / s);
   }
