@@ -195,8 +195,10 @@ void run_serve(const ServeArgs& a) {
   eo.prefix_caching = !a.no_prefix_caching;
   Engine engine(model, tokenizer, eo);
   const EngineStats st = engine.stats();
-  spdlog::info("engine ready on {}: {} KV blocks of {} tokens ({} tokens)", a.device,
-               st.kv_blocks_total, eo.block_size, st.kv_blocks_total * eo.block_size);
+  spdlog::info("engine ready on {}: {} KV blocks of {} tokens ({} tokens, {}, {:.2f} GiB)",
+               a.device, st.kv_blocks_total, eo.block_size, st.kv_blocks_total * eo.block_size,
+               dtype_name(model->kv_cache_dtype()),
+               st.kv_blocks_total * model->kv_bytes_per_block(eo.block_size) / 1073741824.0);
 
   // The store outlives nothing that its callbacks reach: reset before the server goes.
   AdapterStoreOptions so_lora;

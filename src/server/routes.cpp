@@ -359,6 +359,7 @@ Reply Api::tokenize(const std::string& body) {
 Reply Api::info() const {
   const EngineOptions& eo = engine_.options();
   const FalconModel& model = engine_.model();
+  const int64_t kv_blocks = engine_.stats().kv_blocks_total;
   return json_reply(200,
                     {{"model_id", options_.model_id},
                      {"model_sha", nullptr},
@@ -367,6 +368,8 @@ Reply Api::info() const {
                      {"weight_dtype", std::string(dtype_name(model.linear_weight_dtype()))},
                      {"weight_bytes", model.weight_bytes()},
                      {"kv_cache_dtype", std::string(dtype_name(model.kv_cache_dtype()))},
+                     {"kv_cache_tokens", kv_blocks * eo.block_size},
+                     {"kv_cache_bytes", kv_blocks * model.kv_bytes_per_block(eo.block_size)},
                      {"model_device_type", model.device() == Device::kCuda ? "cuda" : "cpu"},
                      {"model_summary", model.config().summary()},
                      {"model_pipeline_tag", "text-generation"},

@@ -30,6 +30,9 @@ def test_fp8_server_info_output_and_cache():
         assert info["kv_cache_dtype"] == "F8_E4M3" and base_info["kv_cache_dtype"] == "F32"
         assert info["weight_bytes"] < base_info["weight_bytes"]
         assert s.metrics()["kestrel_kv_blocks_total"] == 4 * base_blocks
+        assert info["kv_cache_tokens"] == 4 * base_info["kv_cache_tokens"]
+        assert abs(info["kv_cache_bytes"] - base_info["kv_cache_bytes"]) <= \
+            base_info["kv_cache_bytes"] / base_blocks  # the same memory, 4x the tokens
         assert "linears F8_E4M3" in s.stderr()
         out = subprocess.run([str(BINARY), "generate", "--model", str(MODEL), "--prompt", PROMPT,
                               "--max-new-tokens", "12", "--greedy", "--json", "--quantize", "fp8",
