@@ -42,11 +42,17 @@ esac
 
 case ,$STEPS, in *,serve,*)
   t0=$(date +%s)
-  # RANDOM_ARGS="--preset falcon-40b --dtype fp8": falcon-40b as an FP8 checkpoint (42 GB).
-  [ -e "$MODEL/config.json" ] || timeout 400 ./$BIN/kestrel random-model ${RANDOM_ARGS:---preset falcon-7b} \
-    --out "$MODEL" --tokenizer tests/data/tokenizer/falcon-tokenizer.json >"$OUT/random_model.log" 2>&1
-  echo "random-model rc=$? $(( $(date +%s) - t0 )) s; $(du -sh "$MODEL" | cut -f1)"
-  ./$BIN/kestrel serve --device cuda --model "$MODEL" --port $PORT $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
+  # PRESET=falcon-40b: serve that preset's random weights drawn on the device (no folder);
+  # else a random folder written first (RANDOM_ARGS="--preset falcon-40b --dtype fp8": 42 GB).
+  if [ -n "${PRESET:-}" ]; then
+    WHAT="--preset $PRESET --tokenizer tests/data/tokenizer/falcon-tokenizer.json"
+  else
+    [ -e "$MODEL/config.json" ] || timeout 400 ./$BIN/kestrel random-model ${RANDOM_ARGS:---preset falcon-7b} \
+      --out "$MODEL" --tokenizer tests/data/tokenizer/falcon-tokenizer.json >"$OUT/random_model.log" 2>&1
+    echo "random-model rc=$? $(( $(date +%s) - t0 )) s; $(du -sh "$MODEL" | cut -f1)"
+    WHAT="--model $MODEL"
+  fi
+  ./$BIN/kestrel serve --device cuda $WHAT --port $PORT $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
   SERVER=$!
   ok=0
   for i in $(seq 1 180); do

@@ -336,8 +336,6 @@ static void check_kv_write(const Tensor& k, const Tensor& v, const Tensor& slots
                     (k_cache.dtype() == k.dtype() || k_cache.dtype() == DType::kF8E4M3),
                 "kv_write: cache dtype ", dtype_name(k_cache.dtype()), " vs k ",
                 dtype_name(k.dtype()));
-  KESTREL_CHECK(k_cache.dtype() != DType::kF8E4M3 || k.device() == Device::kCpu,
-                "kv_write: an FP8 KV cache is built on the CPU backend only so far");
 }
 
 void qkv_rotary(const Tensor& qkv, const Tensor& cos, const Tensor& sin, Tensor& q, Tensor& k,
@@ -396,10 +394,9 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   KESTREL_CHECK(max_q_len >= 0 && max_q_len <= q.dim(0), "paged_attention: max_q_len ", max_q_len,
                 " for ", q.dim(0), " rows");
   KESTREL_CHECK(k_cache.dtype() == v_cache.dtype() &&
-                    (k_cache.dtype() == q.dtype() ||
-                     (k_cache.dtype() == DType::kF8E4M3 && q.device() == Device::kCpu)),
+                    (k_cache.dtype() == q.dtype() || k_cache.dtype() == DType::kF8E4M3),
                 "paged_attention: a ", dtype_name(k_cache.dtype()), " cache for ",
-                dtype_name(q.dtype()), " q (an FP8 KV cache runs on the CPU backend only so far)");
+                dtype_name(q.dtype()), " q");
 #ifdef KESTREL_CUDA
   if (q.device() == Device::kCuda) {
     cuda::paged_attention(q, k_cache, v_cache, block_tables, cu_q, kv_lens, max_kv_len, scale, out,

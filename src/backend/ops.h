@@ -66,8 +66,9 @@ struct LinearEpilogue {
   // any other.
   const Tensor* weight_scale = nullptr;
   // With an FP8 weight: x rounded per row to E4M3 with a dynamic scale (the row's amax / 448)
-  // before the product, as the FP8 tensor-core GEMM does. The CPU does it when asked (to compute
-  // what the GPU computes); without it the CPU multiplies x as it is.
+  // before the product, as the FP8 tensor-core GEMM does, at every row count. Without it the CPU
+  // multiplies x as it is, and CUDA does so up to 8 rows (its weight-only GEMV) and rounds
+  // from 9 rows on (the tensor-core GEMM).
   bool fp8_activations = false;
 };
 

@@ -23,12 +23,12 @@ void add_parallel_options(CLI::App* cmd, ParallelArgs& a, bool processes) {
       ->check(CLI::IsMember({"fp8"}));
   cmd->add_option("--kv-cache-dtype", a.kv_cache_dtype,
                   "auto: K and V as the activations; fp8 (fp8_e4m3): E4M3 under a scale of 1, "
-                  "twice the tokens in the same bytes (CPU so far)")
+                  "twice the tokens in the same bytes")
       ->check(CLI::IsMember({"auto", "fp8", "fp8_e4m3"}))
       ->capture_default_str();
   cmd->add_flag("--fp8-activations", a.fp8_activations,
-                "with --quantize fp8 on the CPU: round activations to FP8 per row before each "
-                "product, as the GPU's FP8 GEMM does");
+                "with --quantize fp8: round activations to FP8 per row before every product (the "
+                "CPU else keeps them; CUDA else keeps them up to 8 rows, its weight-only GEMV)");
   if (!processes) return;
   cmd->add_option("--nnodes", a.nnodes,
                   "processes of tensor parallelism, one rank each (every one runs this command)")

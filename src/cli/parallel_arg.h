@@ -21,7 +21,7 @@ struct ParallelArgs {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string quantize;                 // "" or "fp8"
-  bool fp8_activations = false;         // CPU: round activations to FP8 as the CUDA FP8 GEMM does
+  bool fp8_activations = false;         // round activations to FP8 at every row count
   std::string kv_cache_dtype = "auto";  // auto (the activations' dtype) or fp8 (E4M3)
 };
 

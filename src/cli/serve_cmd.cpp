@@ -1,5 +1,6 @@
-// `kestrel serve`: loads the model folder, starts the engine and answers the
-// LoRAX / TGI and OpenAI HTTP APIs until SIGTERM / SIGINT (then drains, exit 0).
+// `kestrel serve`: loads the model folder (or draws a preset's random weights on the device,
+// for capacity and load tests at real shapes), starts the engine and answers the LoRAX / TGI
+// and OpenAI HTTP APIs until SIGTERM / SIGINT (then drains, exit 0).
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -9,6 +10,7 @@
 #include "backend/ops.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
+#include "cli/presets.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/engine.h"
@@ -25,6 +27,8 @@ namespace {
 
 struct ServeArgs {
   std::string model_dir;
+  std::string preset;     // random weights of a published shape instead of --model
+  std::string tokenizer;  // tokenizer.json for --preset
   ParallelArgs parallel;
   std::string model_id;
   std::string host = "127.0.0.1";
@@ -142,20 +146,40 @@ void run_serve(const ServeArgs& a) {
   KESTREL_CHECK(a.max_input_length < a.max_total_tokens, "--max-input-length (", a.max_input_length,
                 ") must be below --max-total-tokens (", a.max_total_tokens, ")");
   const Device device = parse_device_arg(a.device, "serve");
-  spdlog::info("loading model from {} to {}", a.model_dir, a.device);
+  const bool preset = !a.preset.empty();
+  KESTREL_CHECK(a.model_dir.empty() == preset, "serve: give --model DIR or --preset NAME");
+  KESTREL_CHECK(!preset || !a.tokenizer.empty(),
+                "serve --preset needs --tokenizer FILE (a tokenizer.json)");
+  KESTREL_CHECK(!preset || (a.parallel.tensor_parallel == 1 && a.parallel.nnodes == 1),
+                "serve --tensor-parallel / --nnodes need --model DIR (--preset draws one rank's "
+                "weights)");
+  spdlog::info("loading model from {} to {}",
+               preset ? "random " + a.preset + " weights" : a.model_dir, a.device);
   const bool graphs = parse_cuda_graphs_arg(a.cuda_graphs, "serve");
   auto model = std::make_shared<const FalconModel>([&] {
-    FalconModel m = load_model(a.model_dir, device, a.parallel);
+    FalconModel m = preset ? FalconModel::random(FalconConfig::from_json(
+                                                     falcon_preset(a.preset).to_json(), a.preset),
+                                                 device, 1, weight_quant(a.parallel))
+                           : load_model(a.model_dir, device, a.parallel);
+    if (preset) apply_kv_cache_dtype(m, a.parallel);
     m.set_cuda_graphs(graphs);
     return m;
   }());
-  spdlog::info("loaded {} on {}", model->config().summary(), ops::device_name(device));
-  const std::filesystem::path dir(a.model_dir);
-  KESTREL_CHECK(std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
+  spdlog::info("loaded {} on {} ({} linear weights, {:.2f} GiB)", model->config().summary(),
+               ops::device_name(device), dtype_name(model->linear_weight_dtype()),
+               model->weight_bytes() / 1073741824.0);
+  const std::filesystem::path dir(preset ? std::filesystem::path(a.tokenizer).parent_path()
+                                         : std::filesystem::path(a.model_dir));
+  KESTREL_CHECK(preset || std::filesystem::exists(dir / "tokenizer.json"), a.model_dir,
                 " has no tokenizer.json: the server needs one to read and write text");
-  auto tokenizer = std::make_shared<const text::Tokenizer>(text::Tokenizer::from_model_dir(dir));
+  auto tokenizer = std::make_shared<const text::Tokenizer>(
+      preset ? text::Tokenizer::from_file(a.tokenizer) : text::Tokenizer::from_model_dir(dir));
   spdlog::info("loaded tokenizer ({} tokens)", tokenizer->vocab_size());
-  server::ChatTemplate chat = server::ChatTemplate::from_model_dir(dir);
+  KESTREL_CHECK(tokenizer->vocab_size() <= model->config().vocab_size, "serve: the tokenizer has ",
+                tokenizer->vocab_size(), " tokens, the model's vocabulary ",
+                model->config().vocab_size);
+  server::ChatTemplate chat =
+      preset ? server::ChatTemplate() : server::ChatTemplate::from_model_dir(dir);
   spdlog::info("chat template: {}", chat.is_default() ? "Falcon default (User:/Assistant:)"
                                                       : "tokenizer_config.json chat_template");
 
@@ -219,11 +243,11 @@ void run_serve(const ServeArgs& a) {
 
   server::ApiOptions ao;
   ao.adapters = store.get();
-  ao.model_id = a.model_id.empty()
-                    ? std::filesystem::absolute(dir).lexically_normal().filename().string()
-                    : a.model_id;
+  const std::string base =
+      preset ? a.preset : std::filesystem::absolute(dir).lexically_normal().filename().string();
+  ao.model_id = a.model_id.empty() ? base : a.model_id;
   if (ao.model_id.empty()) ao.model_id = "kestrel";
-  ao.base_model_name = std::filesystem::absolute(dir).lexically_normal().filename().string();
+  ao.base_model_name = base;
   ao.api_key = a.api_key;
   if (a.allowed_hosts.empty()) {
     ao.allowed_hosts = server::default_allowed_hosts(a.host, ao.allow_ip_hosts);
@@ -269,8 +293,14 @@ void add_serve_command(CLI::App& app) {
   static ServeArgs a;
   CLI::App* cmd = app.add_subcommand("serve", "serve the LoRAX / TGI and OpenAI HTTP APIs");
   add_parallel_options(cmd, a.parallel);
-  cmd->add_option("--model", a.model_dir, "model folder (config.json, safetensors, tokenizer.json)")
-      ->required();
+  auto* model_opt = cmd->add_option("--model", a.model_dir,
+                                    "model folder (config.json, safetensors, tokenizer.json)");
+  cmd->add_option("--preset", a.preset,
+                  "instead of --model: random weights of falcon-7b, falcon-40b, falcon-180b, "
+                  "falcon2-11b, falcon-rw-1b or tiny drawn on the device (capacity and load "
+                  "tests; the text is noise)")
+      ->excludes(model_opt);
+  cmd->add_option("--tokenizer", a.tokenizer, "with --preset: the tokenizer.json to serve with");
   cmd->add_option("--model-id", a.model_id,
                   "name in /info and /v1/models (default: the folder name)");
   cmd->add_option("--host", a.host, "address to bind")->capture_default_str();

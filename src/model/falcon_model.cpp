@@ -180,8 +180,6 @@ FalconModel FalconModel::build(const FalconConfig& config, Device device, bool h
   m.device_ = device;
   m.act_dtype_ = ops::weight_dtype(device);
   m.quant_ = quant;
-  if (quant.fp8_activations && device == Device::kCuda)
-    KESTREL_FAIL("--fp8-activations is a CPU option (the CUDA FP8 linear is weight-only so far)");
   // A linear's weight as loaded, or with --quantize fp8 its FP8 codes (the loaded tensor is
   // dropped as soon as it is converted: one tensor at a time is held at full width).
   auto linear_w = [&](const std::string& name, Tensor& scale) {
@@ -241,10 +239,6 @@ void FalconModel::set_kv_cache_dtype(DType dtype) {
   if (dtype != act_dtype_ && dtype != DType::kF8E4M3)
     KESTREL_FAIL("--kv-cache-dtype: ", dtype_name(dtype), " is not a KV cache dtype (",
                  dtype_name(act_dtype_), " or F8_E4M3)");
-  if (dtype == DType::kF8E4M3 && device_ != Device::kCpu)
-    KESTREL_FAIL(
-        "--kv-cache-dtype fp8 runs on the CPU backend only so far (the CUDA attention "
-        "kernels read BF16 pages)");
   kv_fp8_ = dtype == DType::kF8E4M3;  // a tensor-parallel model's shards follow it
 }
 

@@ -27,8 +27,8 @@ struct WeightQuant {
   // query_key_value, dense, dense_h_to_4h and dense_4h_to_h as FP8 E4M3 with one F32 scale per
   // output row (ops::quantize_fp8); embeddings, norms and the lm_head stay as they are.
   bool fp8 = false;
-  // With fp8, activations rounded to FP8 per row before each product (ops::LinearEpilogue): what
-  // the CUDA FP8 GEMM computes; the CPU does it only when asked.
+  // With fp8, activations rounded to FP8 per row before every product (ops::LinearEpilogue): what
+  // the CUDA FP8 GEMM computes; without it the CPU never rounds them and CUDA only from 9 rows.
   bool fp8_activations = false;
 };
 
@@ -89,7 +89,7 @@ class FalconModel {
   // Wall seconds rank 0 spent in collectives so far (0 without parallelism), for benchmarks.
   double collective_seconds() const;
   // --kv-cache-dtype: the caches make_kv_cache() makes hold K and V as act_dtype() (the default)
-  // or as FP8 E4M3 under a scale of 1 (CPU so far; docs/fp8.md). Throws for other dtypes.
+  // or as FP8 E4M3 under a scale of 1 (docs/fp8.md). Throws for other dtypes.
   void set_kv_cache_dtype(DType dtype);
   DType kv_cache_dtype() const { return kv_fp8_ ? DType::kF8E4M3 : act_dtype_; }
   // KV cache bytes of one block over all layers and every rank's K/V heads.

@@ -1,7 +1,8 @@
 // FP8 weights on CUDA against their CPU twins: ops::quantize_fp8 (code for code, scale for scale
-// on the same BF16 values), the FP8 GEMV for 1..8 rows (every epilogue, per-row and per-tensor
-// scales, bf16 and f32 out) and the dequantize-then-BF16 path for more rows, against the CPU's
-// FP8 linear (weight-only: activations as they are) on fresh random inputs of several shapes.
+// on the same BF16 values), the weight-only FP8 GEMV for 1..8 rows against the CPU's weight-only
+// FP8 linear, and the FP8 tensor-core GEMM (more rows, or any with fp8_activations) against the
+// CPU's FP8 linear with activations rounded per token the same way: every epilogue, per-row and
+// per-tensor scales, bf16 and f32 out, on fresh random inputs of several shapes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ TEST(CudaFp8, QuantizeMatchesTheCpuCodeForCode) {
 struct Case {
   int64_t n, in, out;
   bool bias, f32_out, gelu, accumulate, addend, per_tensor;
+  bool fp8_activations = false;  // else as the CUDA default: rounded from 9 rows on
 };
 
 double check(const Case& c) {
@@ -62,7 +64,8 @@ double check(const Case& c) {
               {.gelu = c.gelu,
                .accumulate = c.accumulate,
                .addend = c.addend ? &add_host : nullptr,
-               .weight_scale = &s});
+               .weight_scale = &s,
+               .fp8_activations = c.fp8_activations || c.n > 8});
   // The same codes and scales on the device (the codes travel as bytes).
   Tensor q_gpu = ops::to_device(q, Device::kCuda);
   Tensor s_gpu = ops::to_device(s, Device::kCuda);
@@ -73,37 +76,33 @@ double check(const Case& c) {
               {.gelu = c.gelu,
                .accumulate = c.accumulate,
                .addend = c.addend ? &add_gpu : nullptr,
-               .weight_scale = &s_gpu});
+               .weight_scale = &s_gpu,
+               .fp8_activations = c.fp8_activations});
   return norm_error(ops::to_host_f32(out), ref);
 }
 
 TEST(CudaFp8, LinearMatchesCpu) {
   REQUIRE_GPU();
   std::vector<Case> cases;
-  for (int64_t n : {1, 2, 3, 5, 8, 9, 40, 129})
-    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 48}, {4544, 96}, {160, 4672}}) {
-      cases.push_back({n, in, out, false, false, false, false, false, false});
-      cases.push_back({n, in, out, true, false, true, false, false, false});
-      cases.push_back({n, in, out, false, true, false, true, false, false});
-      cases.push_back({n, in, out, true, false, false, true, true, false});
-      cases.push_back({n, in, out, false, false, false, false, false, true});
-    }
-  cases.push_back({2, 40, 24, true, false, true, false, false, false});  // k % 16 != 0: dequantized
+  for (bool act : {false, true})
+    for (int64_t n : {1, 2, 3, 5, 8, 9, 40, 129})
+      for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 48}, {4544, 96}, {160, 4672}}) {
+        cases.push_back({n, in, out, false, false, false, false, false, false, act});
+        cases.push_back({n, in, out, true, false, true, false, false, false, act});
+        cases.push_back({n, in, out, false, true, false, true, false, false, act});
+        cases.push_back({n, in, out, true, false, false, true, true, false, act});
+        cases.push_back({n, in, out, false, false, false, false, false, true, act});
+        cases.push_back({n, in, out, true, true, true, true, false, false, act});
+      }
+  // k % 16 != 0: neither FP8 kernel takes it (dequantized weights, activations rounded where due)
+  cases.push_back({2, 40, 24, true, false, true, false, false, false});
+  cases.push_back({12, 40, 24, true, false, true, false, false, false});
+  cases.push_back({3, 40, 24, false, false, false, false, false, false, true});
   for (const Case& c : cases)
     EXPECT_LE(check(c), kBound) << c.n << "x" << c.in << "x" << c.out << " bias " << c.bias
                                 << " f32 " << c.f32_out << " gelu " << c.gelu << " acc "
                                 << c.accumulate << " addend " << c.addend << " tensor scale "
-                                << c.per_tensor;
-}
-
-TEST(CudaFp8, RefusesFp8Activations) {
-  REQUIRE_GPU();
-  Tensor w = to_gpu_bf16(random_host({16, 32})), q, s;
-  ops::quantize_fp8(w, q, s);
-  Tensor x = to_gpu_bf16(random_host({1, 32}));
-  Tensor out = Tensor::empty(DType::kBF16, {1, 16}, Device::kCuda);
-  EXPECT_THROW(ops::linear(x, q, Tensor(), out, {.weight_scale = &s, .fp8_activations = true}),
-               Error);
+                                << c.per_tensor << " fp8 activations " << c.fp8_activations;
 }
 
 }  // namespace

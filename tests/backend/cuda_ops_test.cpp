@@ -233,7 +233,15 @@ struct AttnCase {
   int64_t n_heads, n_kv_heads, head_dim, block_size;
   std::vector<std::pair<int32_t, int32_t>> seqs;  // (q_len, kv_len)
   bool alibi = false;                             // with ALiBi slopes of n_heads heads
+  bool fp8 = false;                               // an FP8 (E4M3, scale 1) cache
 };
+
+// An F32 host tensor's values as E4M3 codes under a scale of 1 (what kv_write stores).
+Tensor to_e4m3(const Tensor& x) {
+  Tensor q = Tensor::empty(DType::kF8E4M3, x.shape());
+  for (int64_t i = 0; i < x.numel(); ++i) q.data<uint8_t>()[i] = f32_to_f8e4m3(x.data<float>()[i]);
+  return q;
+}
 
 std::vector<AttnCase> attention_cases() {
   std::vector<AttnCase> cases;
@@ -277,6 +285,14 @@ std::vector<AttnCase> attention_cases() {
   cases.push_back(
       {"alibi_gqa16x2_d64_prefill_bs32", 16, 2, 64, 32, {{150, 150}, {40, 300}, {1, 900}}, true});
   cases.push_back({"gqa32x4_d128_prefill_diagonal", 32, 4, 128, 16, {{72, 72}, {8, 136}}});
+  // Each again over an FP8 cache (--kv-cache-dtype fp8).
+  const size_t n = cases.size();
+  for (size_t i = 0; i < n; ++i) {
+    AttnCase f = cases[i];
+    f.name += "_fp8";
+    f.fp8 = true;
+    cases.push_back(f);
+  }
   return cases;
 }
 
@@ -325,11 +341,17 @@ void run_attention_case(const AttnCase& c) {
     slopes = Tensor::empty(DType::kF32, {c.n_heads});
     std::copy(s.begin(), s.end(), slopes.data<float>());
   }
+  if (c.fp8) {  // the same codes on both sides (they travel as bytes)
+    kc = to_e4m3(kc);
+    vc = to_e4m3(vc);
+  }
   Tensor ref = Tensor::empty(DType::kF32, q.shape());
   ops::paged_attention(q, kc, vc, t_tables, t_cu, t_lens, max_kv, scale, ref, 0, slopes);
   const Tensor g_slopes = ops::to_device(slopes, Device::kCuda);
 
-  const Tensor gq = to_gpu_bf16(q), gk = to_gpu_bf16(kc), gv = to_gpu_bf16(vc);
+  const Tensor gq = to_gpu_bf16(q);
+  const Tensor gk = c.fp8 ? ops::to_device(kc, Device::kCuda) : to_gpu_bf16(kc);
+  const Tensor gv = c.fp8 ? ops::to_device(vc, Device::kCuda) : to_gpu_bf16(vc);
   const Tensor g_tables = ops::to_device(t_tables, Device::kCuda);
   const Tensor g_cu = ops::to_device(t_cu, Device::kCuda);
   const Tensor g_lens = ops::to_device(t_lens, Device::kCuda);
@@ -460,6 +482,24 @@ TEST(CudaOps, KvWrite) {
   ops::kv_write(to_gpu_bf16(k), to_gpu_bf16(v), ops::to_device(t_slots, Device::kCuda), gkc, gvc);
   EXPECT_EQ(gpu_error(gkc, kc), 0.0);
   EXPECT_EQ(gpu_error(gvc, vc), 0.0);
+}
+
+// Into an FP8 cache: the CPU's codes, byte for byte (the values are BF16 on both sides).
+TEST(CudaOps, KvWriteFp8) {
+  REQUIRE_GPU();
+  const int64_t blocks = 12, bs = 16, kvh = 2, d = 64, n = 20;
+  Tensor k = random_host({n, kvh, d}, -600.0f, 600.0f), v = random_host({n, kvh, d});
+  const Tensor t_slots = slots_tensor(distinct_slots(n, blocks * bs));
+  Tensor kc = to_e4m3(random_host({blocks, bs, kvh, d})), vc = to_e4m3(random_host(kc.shape()));
+  Tensor gkc = ops::to_device(kc, Device::kCuda), gvc = ops::to_device(vc, Device::kCuda);
+  ops::kv_write(k, v, t_slots, kc, vc);
+  ops::kv_write(to_gpu_bf16(k), to_gpu_bf16(v), ops::to_device(t_slots, Device::kCuda), gkc, gvc);
+  const Tensor hk = ops::to_device(gkc, Device::kCpu), hv = ops::to_device(gvc, Device::kCpu);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < kc.numel(); ++i)
+    differ += (hk.data<uint8_t>()[i] != kc.data<uint8_t>()[i]) +
+              (hv.data<uint8_t>()[i] != vc.data<uint8_t>()[i]);
+  EXPECT_EQ(differ, 0);
 }
 
 // The fused op (one kernel on CUDA) against the CPU's qkv_rotary + kv_write: rotated and not,

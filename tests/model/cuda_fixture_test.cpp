@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -148,31 +149,46 @@ TEST_P(CudaFixtureTest, GreedyIdsWhereMarginIsClear) {
   }
 }
 
-// --quantize fp8 on CUDA (weight-only: the FP8 GEMV in decode, dequantized weights in prefill)
-// against the CPU's FP8 path (the same codes; activations as they are): prompt logits, and each
-// greedy step's logits up to the first step where the two runs chose differently, within 2e-2;
-// with CUDA graphs (decode replays) and without.
-TEST_P(CudaFixtureTest, Fp8MatchesTheCpuFp8Path) {
-  const WeightQuant fp8{.fp8 = true};
-  const FalconModel cpu = FalconModel::load(fixture_dir(GetParam()), Device::kCpu, 1, fp8);
-  FalconModel gpu = FalconModel::load(fixture_dir(GetParam()), Device::kCuda, 1, fp8);
-  EXPECT_EQ(gpu.linear_weight_dtype(), DType::kF8E4M3);
-  const Expected exp(GetParam());
+// Where CUDA rounds to FP8 what it holds in BF16 (activations before the FP8 GEMM, K/V before
+// the cache) and the CPU what it holds in F32, a value near the middle of two E4M3 codes takes
+// the other code on the other side (one E4M3 step, 6-12%, where BF16 and F32 differ by
+// 0.4%), and the fixtures' small widths (hidden 64-256) average few such flips away: on the
+// H100 these runs stood at 0.021-0.029 (K/V only) and 0.04-0.085 (activations) of the CPU's
+// logits. The op tests hold the same kernels to 1e-2 on identical inputs.
+constexpr double kFp8RoundingTolerance = 0.1;
+
+// CUDA against the CPU computing the same thing (the same FP8 codes and scales, activations
+// rounded alike, K/V stored alike): the prompt logits, and with steps each greedy step's logits
+// up to the first step where the two runs chose differently, within bound; with CUDA graphs
+// (decode replays) and without. Prints the errors.
+void expect_matches_cpu(const std::string& fixture, const WeightQuant& cpu_quant,
+                        const WeightQuant& gpu_quant, bool kv_fp8, bool steps, double bound) {
+  FalconModel cpu = FalconModel::load(fixture_dir(fixture), Device::kCpu, 1, cpu_quant);
+  FalconModel gpu = FalconModel::load(fixture_dir(fixture), Device::kCuda, 1, gpu_quant);
+  EXPECT_EQ(gpu.linear_weight_dtype(), gpu_quant.fp8 ? DType::kF8E4M3 : DType::kBF16);
+  if (kv_fp8) {
+    cpu.set_kv_cache_dtype(DType::kF8E4M3);
+    gpu.set_kv_cache_dtype(DType::kF8E4M3);
+  }
+  const Expected exp(fixture);
   const int64_t vocab = cpu.config().vocab_size;
   {
     BatchRunner rc(cpu, exp.prompts, 0, {}), rg(gpu, exp.prompts, 0, {});
     const Tensor a = rc.prefill(false), b = rg.prefill(false);
-    EXPECT_LE(rel_error(b.data<float>(), a.data<float>(), a.numel()), kTolerance);
+    const double e = rel_error(b.data<float>(), a.data<float>(), a.numel());
+    std::printf("%s: prompt logits %.4f of the CPU's\n", fixture.c_str(), e);
+    EXPECT_LE(e, bound) << "prompt";
   }
+  if (!steps) return;
   using Steps = std::vector<std::vector<std::vector<float>>>;  // [prompt][step] -> logits
-  auto run = [&](const FalconModel& m, Steps& steps) {
-    steps.assign(exp.prompts.size(), {});
+  auto run = [&](const FalconModel& m, Steps& out) {
+    out.assign(exp.prompts.size(), {});
     return greedy_generate(m, exp.prompts, kGreedySteps, {}, false,
                            [&](int64_t, const Tensor& logits, const std::vector<int>& seqs) {
                              const Tensor h = ops::to_host_f32(logits);
                              for (size_t r = 0; r < seqs.size(); ++r)
-                               steps[seqs[r]].emplace_back(h.data<float>() + r * vocab,
-                                                           h.data<float>() + (r + 1) * vocab);
+                               out[seqs[r]].emplace_back(h.data<float>() + r * vocab,
+                                                         h.data<float>() + (r + 1) * vocab);
                            });
   };
   Steps want, got;
@@ -186,8 +202,33 @@ TEST_P(CudaFixtureTest, Fp8MatchesTheCpuFp8Path) {
         worst = std::max(worst, rel_error(got[p][s].data(), want[p][s].data(), vocab));
         if (ids_gpu[p][s] != ids_cpu[p][s]) break;  // later steps see different contexts
       }
-    EXPECT_LE(worst, kTolerance) << "graphs " << graphs;
+    std::printf("%s: greedy steps' logits %.4f of the CPU's (graphs %d)\n", fixture.c_str(), worst,
+                graphs);
+    EXPECT_LE(worst, bound) << "graphs " << graphs;
   }
+}
+
+// --quantize fp8 --fp8-activations: the FP8 tensor-core GEMM at every row count, prefill and
+// decode, against the CPU rounding activations the same way.
+TEST_P(CudaFixtureTest, Fp8MatchesTheCpuFp8Path) {
+  const WeightQuant fp8{.fp8 = true, .fp8_activations = true};
+  expect_matches_cpu(GetParam(), fp8, fp8, false, true, kFp8RoundingTolerance);
+}
+
+// --quantize fp8 as CUDA runs it by default: the prompt's 55 rows through the tensor-core GEMM
+// (activations rounded), against the CPU rounding them too. (Its decode rows take the weight-only
+// GEMV, which the op tests check against the CPU's weight-only linear.)
+TEST_P(CudaFixtureTest, Fp8DefaultPrefillMatchesTheCpu) {
+  expect_matches_cpu(GetParam(), {.fp8 = true, .fp8_activations = true}, {.fp8 = true}, false,
+                     false, kFp8RoundingTolerance);
+}
+
+// --kv-cache-dtype fp8: K/V written as E4M3 and read by the attention kernels, with BF16 weights
+// and with FP8 ones.
+TEST_P(CudaFixtureTest, Fp8KvCacheMatchesTheCpu) {
+  expect_matches_cpu(GetParam(), {}, {}, true, true, kFp8RoundingTolerance);
+  const WeightQuant fp8{.fp8 = true, .fp8_activations = true};
+  expect_matches_cpu(GetParam(), fp8, fp8, true, true, kFp8RoundingTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest, ::testing::ValuesIn(test::base_fixtures()),

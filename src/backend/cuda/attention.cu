@@ -11,7 +11,12 @@
 //     blocks (flash-decoding) and merged by attention_combine.
 // Both add ALiBi's bias bf16(bf16(slope) * bf16(key position)) to q.k before
 // the scale when given slopes (positions absolute: chunks and splits agree).
+// An FP8 cache (E4M3 codes, scale 1) is read by v1 and v3 (v2 defers to v3): every code
+// is exact in BF16, so v3 widens its tiles on the way into shared memory and its MMAs
+// are unchanged, while the pages cost half the bytes.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cfloat>
@@ -28,6 +33,32 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ float bf(uint16_t h) {
   return __bfloat162float(__ushort_as_bfloat16(h));
+}
+
+// Element i of a cache: BF16, or an E4M3 code (fp8).
+__device__ __forceinline__ float kv_at(const void* cache, bool fp8, int64_t i) {
+  if (fp8) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const uint8_t*>(cache)[i], __NV_E4M3);
+    return __half2float(h);
+  }
+  return bf(static_cast<const uint16_t*>(cache)[i]);
+}
+
+// Eight E4M3 codes as eight BF16 (exact: E4M3's 3 mantissa bits and exponents 2^-9..2^8
+// fit BF16's).
+__device__ __forceinline__ uint4 e4m3x8_to_bf16x8(uint2 codes) {
+  uint4 out;
+  uint32_t* o = &out.x;
+  const uint32_t in[2] = {codes.x, codes.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint16_t two = static_cast<uint16_t>(in[i / 2] >> (16 * (i % 2)));
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    o[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return out;
 }
 
 __device__ __forceinline__ float round_bf16(float x) {
@@ -93,7 +124,7 @@ __global__ void attention_generic_kernel(AttentionParams p) {
 #pragma unroll
     for (int i = 0; i < kGenericMaxDimsPerLane; ++i) {
       const int dim = lane + 32 * i;
-      if (i < per_lane && dim < d) dot += qv[i] * bf(p.k_cache[base + dim]);
+      if (i < per_lane && dim < d) dot += qv[i] * kv_at(p.k_cache, p.kv_fp8, base + dim);
     }
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (slopes) dot += alibi_bias(slope, pos) * scale_log2;
@@ -103,7 +134,7 @@ __global__ void attention_generic_kernel(AttentionParams p) {
 #pragma unroll
     for (int i = 0; i < kGenericMaxDimsPerLane; ++i) {
       const int dim = lane + 32 * i;
-      const float vv = (i < per_lane && dim < d) ? bf(p.v_cache[base + dim]) : 0.0f;
+      const float vv = (i < per_lane && dim < d) ? kv_at(p.v_cache, p.kv_fp8, base + dim) : 0.0f;
       acc[i] = acc[i] * alpha + w * vv;
     }
     m = m_new;
@@ -233,7 +264,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       cp_async16(dst + r * kStride + col, cache + (slot * p.n_kv_heads + g) * D + col, ok ? 16 : 0);
     }
   };
-  if (k_begin < k_end) load_kv(s_k, p.k_cache, k_begin);
+  const auto* k_cache = static_cast<const uint16_t*>(p.k_cache);
+  const auto* v_cache = static_cast<const uint16_t*>(p.v_cache);
+  if (k_begin < k_end) load_kv(s_k, k_cache, k_begin);
   cp_async_commit();
 
   // Each thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16).
@@ -266,7 +299,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       q_loaded = true;
     }
-    load_kv(s_v, p.v_cache, n0);
+    load_kv(s_v, v_cache, n0);
     cp_async_commit();
 
     // S = Q K^T for this warp's 16 rows x 64 keys: 8 n-tiles of 8 keys.
@@ -328,7 +361,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 
     cp_async_wait_all();
     __syncthreads();  // V tile visible; every warp is done with K
-    if (n0 + kBlockN < k_end) load_kv(s_k, p.k_cache, n0 + kBlockN);
+    if (n0 + kBlockN < k_end) load_kv(s_k, k_cache, n0 + kBlockN);
     cp_async_commit();
 
     // O += P V: P's accumulator layout is the A operand of the next mma.
@@ -405,9 +438,10 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-template <int D, int MF, int NW, bool kAlibi, bool kDoubleK>
+template <int D, int MF, int NW, bool kAlibi, bool kDoubleK, bool kFp8>
 __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
     attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
+  static_assert(!kFp8 || kDoubleK, "an FP8 cache is read with two K buffers");
   pdl_enter();
   constexpr int kV3Threads = NW * 32, kM = 16 * MF * NW, kN = kV3BlockN;
   constexpr int kStride = D + 8;                   // bf16 per smem row: 16 bytes of padding
@@ -470,20 +504,43 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
       slot[i] = ok ? blk[i] * bs + (pow2 ? pos & (bs - 1) : pos % bs) : -1;
     }
   };
-  auto load_tile = [&](uint16_t* dst, const uint16_t* cache) {
+  auto load_tile = [&](uint16_t* dst, const void* cache) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int64_t s = slot[i] < 0 ? 0 : slot[i];
       cp_async16(dst + (ld_row + i * kRowsPerPass) * kStride + ld_col,
-                 cache + (s * n_kv_heads + g) * D + ld_col, slot[i] < 0 ? 0 : 16);
+                 static_cast<const uint16_t*>(cache) + (s * n_kv_heads + g) * D + ld_col,
+                 slot[i] < 0 ? 0 : 16);
     }
+  };
+  // FP8: a tile's codes (8 a chunk) fetched into registers when cp.async would be issued,
+  // widened into shared memory before the barrier that publishes the tile.
+  uint2 k_raw[kFp8 ? kLoads : 1], v_raw[kFp8 ? kLoads : 1];
+  auto fetch_tile = [&](uint2(&raw)[kFp8 ? kLoads : 1], const void* cache) {
+#pragma unroll
+    for (int i = 0; i < (kFp8 ? kLoads : 0); ++i)
+      raw[i] = slot[i] < 0 ? make_uint2(0, 0)
+                           : __ldg(reinterpret_cast<const uint2*>(
+                                 static_cast<const uint8_t*>(cache) +
+                                 (static_cast<int64_t>(slot[i]) * n_kv_heads + g) * D + ld_col));
+  };
+  auto store_tile = [&](uint16_t* dst, const uint2(&raw)[kFp8 ? kLoads : 1]) {
+#pragma unroll
+    for (int i = 0; i < (kFp8 ? kLoads : 0); ++i)
+      *reinterpret_cast<uint4*>(dst + (ld_row + i * kRowsPerPass) * kStride + ld_col) =
+          e4m3x8_to_bf16x8(raw[i]);
   };
   int blk_next[kLoads];
   if (k_begin < k_end) {
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) blk_next[i] = table_at(k_begin + ld_row + i * kRowsPerPass);
     set_slots(blk_next, k_begin);
-    load_tile(s_k0, p.k_cache);
+    if constexpr (kFp8) {
+      fetch_tile(k_raw, p.k_cache);
+      store_tile(s_k0, k_raw);
+    } else {
+      load_tile(s_k0, p.k_cache);
+    }
   }
   cp_async_commit();
   if (kDoubleK) {
@@ -534,12 +591,21 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
     }
     const int tile = (n0 - k_begin) / kN;
     uint16_t* s_k = s_k0 + (kDoubleK ? (tile & 1) * kN * kStride : 0);
-    load_tile(s_v, p.v_cache);
+    if constexpr (kFp8) {
+      fetch_tile(v_raw, p.v_cache);
+    } else {
+      load_tile(s_v, p.v_cache);
+    }
     cp_async_commit();
+    const bool k_next = n0 + kN < k_end;
     if constexpr (kDoubleK) {  // the next K tile, into the buffer that K(n - 1) left
-      if (n0 + kN < k_end) {
+      if (k_next) {
         set_slots(blk_next, n0 + kN);
-        load_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, p.k_cache);
+        if constexpr (kFp8) {
+          fetch_tile(k_raw, p.k_cache);
+        } else {
+          load_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, p.k_cache);
+        }
       }
       cp_async_commit();
     }
@@ -641,7 +707,11 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
       }
     }
 
-    if constexpr (kDoubleK) {
+    if constexpr (kFp8) {  // V(n) and K(n + 1) widened into their buffers, then published
+      store_tile(s_v, v_raw);
+      if (k_next) store_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, k_raw);
+      __syncthreads();
+    } else if constexpr (kDoubleK) {
       asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // V(n); K(n + 1) may fly on
       __syncthreads();
     } else {
@@ -787,7 +857,7 @@ void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* ls
   pdl_launch(attention_mma_kernel<D>, grid, kMmaThreads, smem, s, p, n_splits, o_part, lse_part);
 }
 
-template <int D, int MF, int NW, bool kAlibi, bool kDoubleK>
+template <int D, int MF, int NW, bool kAlibi, bool kDoubleK, bool kFp8 = false>
 void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
                cudaStream_t s) {
   constexpr int kM = 16 * MF * NW;
@@ -799,18 +869,23 @@ void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse
       static_cast<size_t>(kM + (kDoubleK ? 3 : 2) * kV3BlockN) * (D + 8) * sizeof(uint16_t);
   static bool configured = false;  // one stream, one thread drives the device
   if (!configured) {
-    cudaFuncSetAttribute(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK>,
+    cudaFuncSetAttribute(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK, kFp8>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     configured = true;
   }
-  pdl_launch(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK>, grid, NW * 32, smem, s, p, n_splits,
-             o_part, lse_part);
+  pdl_launch(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK, kFp8>, grid, NW * 32, smem, s, p,
+             n_splits, o_part, lse_part);
 }
 
 template <int D, int MF, int NW>
 void launch_v3_variant(const AttentionParams& p, int version, int n_splits, float* o_part,
                        float* lse_part, cudaStream_t s) {
   const bool alibi = p.alibi_slopes != nullptr, double_k = version != 4;
+  if (p.kv_fp8) {  // (version 3: the caller maps the others to it)
+    alibi ? launch_v3<D, MF, NW, true, true, true>(p, n_splits, o_part, lse_part, s)
+          : launch_v3<D, MF, NW, false, true, true>(p, n_splits, o_part, lse_part, s);
+    return;
+  }
   if (alibi) {
     double_k ? launch_v3<D, MF, NW, true, true>(p, n_splits, o_part, lse_part, s)
              : launch_v3<D, MF, NW, true, false>(p, n_splits, o_part, lse_part, s);
@@ -869,14 +944,14 @@ bool attention_mma_supported(const AttentionParams& p) {
 }
 
 size_t attention_workspace_bytes(const AttentionParams& p, int n_sms) {
-  const int splits = choose_splits(p, tile_rows(p, mma_version()), n_sms);
+  const int splits = choose_splits(p, tile_rows(p, p.kv_fp8 ? 3 : mma_version()), n_sms);
   if (splits <= 1) return 0;
   return static_cast<size_t>(splits) * p.n_tokens * p.n_heads * (p.head_dim + 1) * sizeof(float);
 }
 
 void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s) {
   if (p.n_tokens == 0) return;
-  const int version = mma_version();
+  const int version = p.kv_fp8 ? 3 : mma_version();  // an FP8 cache: v3 with two K buffers
   const int rows = tile_rows(p, version);
   const int splits = workspace ? choose_splits(p, rows, n_sms) : 1;
   float* o_part = static_cast<float*>(workspace);

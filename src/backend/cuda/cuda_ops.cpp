@@ -19,6 +19,13 @@ void need(const char* op, const char* what, const Tensor& t, DType dtype) {
                 ", expected ", dtype_name(dtype));
 }
 
+// A KV cache pair: BF16, or E4M3 codes (--kv-cache-dtype fp8), both the same.
+void need_kv_cache(const char* op, const Tensor& k_cache, const Tensor& v_cache) {
+  const DType d = k_cache.dtype() == DType::kF8E4M3 ? DType::kF8E4M3 : DType::kBF16;
+  need(op, "k_cache", k_cache, d);
+  need(op, "v_cache", v_cache, d);
+}
+
 const uint16_t* bf(const Tensor& t) {
   return t.data<uint16_t>();
 }
@@ -281,10 +288,9 @@ void qkv_rotary_kv_write(const Tensor& qkv, const Tensor& cos, const Tensor& sin
   if (rotary) need("qkv_rotary_kv_write", "sin", sin, DType::kF32);
   need("qkv_rotary_kv_write", "q", q, DType::kBF16);
   need("qkv_rotary_kv_write", "slots", slots, DType::kI64);
-  need("qkv_rotary_kv_write", "k_cache", k_cache, DType::kBF16);
-  need("qkv_rotary_kv_write", "v_cache", v_cache, DType::kBF16);
+  need_kv_cache("qkv_rotary_kv_write", k_cache, v_cache);
   const kernels::KvSlots cache{slots.data<int64_t>(), k_cache.dim(0) * k_cache.dim(1),
-                               bf_mut(k_cache), bf_mut(v_cache)};
+                               k_cache.raw(), v_cache.raw(), k_cache.dtype() == DType::kF8E4M3};
   kernels::qkv_rotary(bf(qkv), rotary ? cos.data<float>() : nullptr,
                       rotary ? sin.data<float>() : nullptr, q.dim(0), q.dim(1), k_cache.dim(2),
                       q.dim(2), bf_mut(q), nullptr, nullptr, stream(), cache);
@@ -296,10 +302,10 @@ void kv_write(const Tensor& k, const Tensor& v, const Tensor& slots, Tensor& k_c
   need("kv_write", "k", k, DType::kBF16);
   need("kv_write", "v", v, DType::kBF16);
   need("kv_write", "slots", slots, DType::kI64);
-  need("kv_write", "k_cache", k_cache, DType::kBF16);
-  need("kv_write", "v_cache", v_cache, DType::kBF16);
+  need_kv_cache("kv_write", k_cache, v_cache);
   kernels::kv_write(bf(k), bf(v), slots.data<int64_t>(), k.dim(0), k.dim(1) * k.dim(2),
-                    k_cache.dim(0) * k_cache.dim(1), bf_mut(k_cache), bf_mut(v_cache), stream());
+                    k_cache.dim(0) * k_cache.dim(1), k_cache.raw(), v_cache.raw(),
+                    k_cache.dtype() == DType::kF8E4M3, stream());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -309,16 +315,16 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const Tensor& alibi_slopes) {
   need("paged_attention", "q", q, DType::kBF16);
   if (alibi_slopes.defined()) need("paged_attention", "alibi_slopes", alibi_slopes, DType::kF32);
-  need("paged_attention", "k_cache", k_cache, DType::kBF16);
-  need("paged_attention", "v_cache", v_cache, DType::kBF16);
+  need_kv_cache("paged_attention", k_cache, v_cache);
   need("paged_attention", "block_tables", block_tables, DType::kI32);
   need("paged_attention", "cu_q", cu_q, DType::kI32);
   need("paged_attention", "kv_lens", kv_lens, DType::kI32);
   need("paged_attention", "out", out, DType::kBF16);
   kernels::AttentionParams p;
   p.q = bf(q);
-  p.k_cache = bf(k_cache);
-  p.v_cache = bf(v_cache);
+  p.k_cache = k_cache.raw();
+  p.v_cache = v_cache.raw();
+  p.kv_fp8 = k_cache.dtype() == DType::kF8E4M3;
   p.block_tables = block_tables.data<int32_t>();
   p.cu_q = cu_q.data<int32_t>();
   p.kv_lens = kv_lens.data<int32_t>();

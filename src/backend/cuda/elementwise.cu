@@ -4,6 +4,7 @@
 // fp32 arithmetic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cfloat>
 #include <cstdint>
@@ -20,6 +21,20 @@ __device__ __forceinline__ float ld_bf16(const uint16_t* p, int64_t i) {
 __device__ __forceinline__ void st_bf16(uint16_t* p, int64_t i, float v) {
   reinterpret_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v);
 }
+
+// A row being written: BF16, or (fp8) E4M3 codes under a scale of 1, rounded to nearest even
+// and saturating, from the fp32 value (the CPU's kv_write on the same value).
+struct RowOut {
+  void* p;
+  bool fp8;
+  __device__ __forceinline__ void put(int64_t i, float v) const {
+    if (fp8)
+      static_cast<uint8_t*>(p)[i] =
+          static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+    else
+      st_bf16(static_cast<uint16_t*>(p), i, v);
+  }
+};
 
 unsigned grid_for(int64_t n, int threads) {
   int64_t blocks = (n + threads - 1) / threads;
@@ -368,42 +383,52 @@ __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const f
   const int64_t g = hs / (group + 2), slot = hs % (group + 2);
   const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + hs * head_dim;
   // Where this K/V head's row goes: k, v, or its cache slot (skipped outside the cache).
-  uint16_t* kdst = k;
-  uint16_t* vdst = v;
-  int64_t kv_row = t * n_kv_heads + g;
-  if (cache.k_cache != nullptr) {
+  RowOut dst{nullptr, false};
+  if (slot < group) {
+    dst.p = q + (t * n_heads + g * group + slot) * head_dim;
+  } else if (cache.k_cache != nullptr) {
     const int64_t cs = cache.slots[t];
-    if (slot >= group && (cs < 0 || cs >= cache.n_slots)) return;
-    kdst = cache.k_cache;
-    vdst = cache.v_cache;
-    kv_row = cs * n_kv_heads + g;
+    if (cs < 0 || cs >= cache.n_slots) return;
+    const int64_t at = (cs * n_kv_heads + g) * head_dim;  // elements
+    void* base = slot == group ? cache.k_cache : cache.v_cache;
+    dst = {cache.fp8 ? static_cast<void*>(static_cast<uint8_t*>(base) + at)
+                     : static_cast<void*>(static_cast<uint16_t*>(base) + at),
+           cache.fp8};
+  } else {
+    dst.p = (slot == group ? k : v) + (t * n_kv_heads + g) * head_dim;
   }
-  uint16_t* dst = slot < group    ? q + (t * n_heads + g * group + slot) * head_dim
-                  : slot == group ? kdst + kv_row * head_dim
-                                  : vdst + kv_row * head_dim;
   if (cos == nullptr || slot == group + 1) {  // no rotation (V; ALiBi models): a copy
-    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst[i] = src[i];
+    for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst.put(i, ld_bf16(src, i));
     return;
   }
   const float* c = cos + t * half;
   const float* s = sin + t * half;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const float x1 = ld_bf16(src, i), x2 = ld_bf16(src, i + half);
-    st_bf16(dst, i, x1 * c[i] - x2 * s[i]);
-    st_bf16(dst, i + half, x2 * c[i] + x1 * s[i]);
+    dst.put(i, x1 * c[i] - x2 * s[i]);
+    dst.put(i + half, x2 * c[i] + x1 * s[i]);
   }
 }
 
 __global__ void kv_write_kernel(const uint16_t* k, const uint16_t* v, const int64_t* slots,
-                                int64_t row, int64_t n_slots, uint16_t* k_cache,
-                                uint16_t* v_cache) {
+                                int64_t row, int64_t n_slots, void* k_cache, void* v_cache,
+                                bool fp8) {
   pdl_enter();
   const int64_t t = blockIdx.x;
   const int64_t slot = slots[t];
   if (slot < 0 || slot >= n_slots) return;
+  if (!fp8) {
+    for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+      static_cast<uint16_t*>(k_cache)[slot * row + i] = k[t * row + i];
+      static_cast<uint16_t*>(v_cache)[slot * row + i] = v[t * row + i];
+    }
+    return;
+  }
+  const RowOut kd{static_cast<uint8_t*>(k_cache) + slot * row, true};
+  const RowOut vd{static_cast<uint8_t*>(v_cache) + slot * row, true};
   for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
-    k_cache[slot * row + i] = k[t * row + i];
-    v_cache[slot * row + i] = v[t * row + i];
+    kd.put(i, ld_bf16(k, t * row + i));
+    vd.put(i, ld_bf16(v, t * row + i));
   }
 }
 
@@ -507,10 +532,11 @@ void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t
 }
 
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
-              int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s) {
+              int64_t row, int64_t n_slots, void* k_cache, void* v_cache, bool fp8,
+              cudaStream_t s) {
   if (n_tokens == 0) return;
   pdl_launch(kv_write_kernel, static_cast<unsigned>(n_tokens), 128, 0, s, k, v, slots, row, n_slots,
-             k_cache, v_cache);
+             k_cache, v_cache, fp8);
 }
 
 }  // namespace kestrel::cuda::kernels

@@ -219,7 +219,7 @@ void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int
 
 bool gemv_fp8_supported(int64_t rows, int64_t k, const void* x, const void* w) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return rows >= 1 && rows <= kGemvMaxRows && k % 16 == 0 && k > 0 && aligned(x) && aligned(w);
+  return rows >= 1 && rows <= kFp8GemvMaxRows && k % 16 == 0 && k > 0 && aligned(x) && aligned(w);
 }
 
 void gemv_fp8(const uint16_t* x, const uint8_t* w, const float* scale, bool per_row,
@@ -236,12 +236,6 @@ void gemv_fp8(const uint16_t* x, const uint8_t* w, const float* scale, bool per_
     break;
     KESTREL_GEMV_FP8_CASE(1)
     KESTREL_GEMV_FP8_CASE(2)
-    KESTREL_GEMV_FP8_CASE(3)
-    KESTREL_GEMV_FP8_CASE(4)
-    KESTREL_GEMV_FP8_CASE(5)
-    KESTREL_GEMV_FP8_CASE(6)
-    KESTREL_GEMV_FP8_CASE(7)
-    KESTREL_GEMV_FP8_CASE(8)
 #undef KESTREL_GEMV_FP8_CASE
     default:
       break;  // the caller checked gemv_fp8_supported

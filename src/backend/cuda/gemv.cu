@@ -210,14 +210,18 @@ __global__ void __launch_bounds__(kGemvThreads)
 }
 
 // y [rows, cols] F32 (cuBLASLt's product, no bias) -> out under the epilogue.
+// With FP8 scales, y is a product of codes: y * row[i / cols] * col[i % cols] (or col[0]) first.
 __global__ void linear_epilogue_kernel(const float* y, const uint16_t* bias, int64_t total,
                                        int64_t cols, bool gelu, bool accumulate, void* out,
-                                       bool f32_out) {
+                                       bool f32_out, Fp8Scales scales, const uint16_t* addend) {
   pdl_enter();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float b = bias ? bf16_bits_to_f32(bias[i % cols]) : 0.0f;
-    store_epilogue(y[i] + b, gelu, accumulate, nullptr, out, f32_out, i);
+    const int64_t c = i % cols;
+    float v = y[i];
+    if (scales.row) v *= scales.row[i / cols] * scales.col[scales.per_col ? c : 0];
+    const float b = bias ? bf16_bits_to_f32(bias[c]) : 0.0f;
+    store_epilogue(v + b, gelu, accumulate, addend, out, f32_out, i);
   }
 }
 
@@ -292,12 +296,13 @@ void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t ro
 }
 
 void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t cols, bool gelu,
-                     bool accumulate, void* out, bool f32_out, cudaStream_t s) {
+                     bool accumulate, void* out, bool f32_out, cudaStream_t s,
+                     const Fp8Scales& scales, const uint16_t* addend) {
   const int64_t total = rows * cols;
   if (total == 0) return;
   const int64_t want = (total + 255) / 256, blocks = want < 4096 ? want : 4096;
   pdl_launch(linear_epilogue_kernel, static_cast<unsigned>(blocks), 256, 0, s, y, bias, total, cols,
-             gelu, accumulate, out, f32_out);
+             gelu, accumulate, out, f32_out, scales, addend);
 }
 
 }  // namespace kestrel::cuda::kernels

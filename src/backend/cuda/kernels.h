@@ -51,15 +51,17 @@ void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, fl
 struct KvSlots {
   const int64_t* slots = nullptr;
   int64_t n_slots = 0;
-  uint16_t* k_cache = nullptr;
-  uint16_t* v_cache = nullptr;
+  void* k_cache = nullptr;  // BF16, or with fp8 E4M3 codes under a scale of 1
+  void* v_cache = nullptr;
+  bool fp8 = false;
 };
 void qkv_rotary(const uint16_t* qkv, const float* cos, const float* sin, int64_t n_tokens,
                 int64_t n_heads, int64_t n_kv_heads, int64_t head_dim, uint16_t* q, uint16_t* k,
                 uint16_t* v, cudaStream_t s, KvSlots cache = {});
-// Caches [n_slots, row]; k, v [T, row]; slots [T]. A slot outside [0, n_slots) is skipped.
+// Caches [n_slots, row] (BF16, or with fp8 E4M3 under a scale of 1); k, v [T, row] BF16;
+// slots [T]. A slot outside [0, n_slots) is skipped.
 void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_t n_tokens,
-              int64_t row, int64_t n_slots, uint16_t* k_cache, uint16_t* v_cache, cudaStream_t s);
+              int64_t row, int64_t n_slots, void* k_cache, void* v_cache, bool fp8, cudaStream_t s);
 
 // --- linear for a few rows (gemv.cu) ------------------------------------------
 // out [rows, n] = epilogue(x [rows, k] @ w [n, k]^T + bias [n] (null: none)), bf16 in, fp32
@@ -74,9 +76,18 @@ bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
           int variant, cudaStream_t s);
-// out [rows, cols] = epilogue(y [rows, cols] F32 + bias [cols] (null: none)), as gemv's.
+// The scales of a product of FP8 codes: row [rows] (per token), col [cols] per_col, else [1].
+// row null: y is not scaled.
+struct Fp8Scales {
+  const float* row = nullptr;
+  const float* col = nullptr;
+  bool per_col = false;
+};
+// out [rows, cols] = epilogue(y [rows, cols] F32 (times its scales) + bias [cols] (null: none)),
+// as gemv's, with the addend [rows, cols] (BF16 out) if given.
 void linear_epilogue(const float* y, const uint16_t* bias, int64_t rows, int64_t cols, bool gelu,
-                     bool accumulate, void* out, bool f32_out, cudaStream_t s);
+                     bool accumulate, void* out, bool f32_out, cudaStream_t s,
+                     const Fp8Scales& scales = {}, const uint16_t* addend = nullptr);
 
 // --- FP8 E4M3 weights (fp8.cu) ------------------------------------------------
 // w [rows, cols] BF16 -> q [rows, cols] E4M3 and scale [rows] F32: per row amax / 448 (1 for
@@ -89,8 +100,10 @@ void quantize_fp8_rows(const void* w, bool f32_in, int64_t rows, int64_t cols, u
 void dequantize_fp8_rows(const uint8_t* q, const float* scale, bool per_row, int64_t rows,
                          int64_t cols, uint16_t* out, cudaStream_t s);
 // gemv with FP8 weights w [n, k] and their scales (per_row: [n], else [1]): weight-only, x BF16;
-// y = (x @ dequant(w)^T) then bias and the epilogue as gemv's. Needs gemv_fp8_supported: 1..8
-// rows, k % 16 == 0, x and w 16-byte aligned.
+// y = (x @ dequant(w)^T) then bias and the epilogue as gemv's. Needs gemv_fp8_supported:
+// 1..kFp8GemvMaxRows rows, k % 16 == 0, x and w 16-byte aligned. (From 4 rows on cuBLASLt's FP8
+// GEMM measured faster on the H100: falcon-7b decode at batch 4, 931 against 855 tok/s.)
+constexpr int kFp8GemvMaxRows = 2;
 bool gemv_fp8_supported(int64_t rows, int64_t k, const void* x, const void* w);
 void gemv_fp8(const uint16_t* x, const uint8_t* w, const float* scale, bool per_row,
               const uint16_t* bias, int64_t rows, int64_t n, int64_t k, bool gelu, bool accumulate,
@@ -134,8 +147,8 @@ void sample_rows(const SampleRowsArgs& args, void* workspace, cudaStream_t s);
 // --- attention ---------------------------------------------------------------
 struct AttentionParams {
   const uint16_t* q;            // [T, n_heads, d]
-  const uint16_t* k_cache;      // [num_blocks, block_size, n_kv_heads, d]
-  const uint16_t* v_cache;      // [num_blocks, block_size, n_kv_heads, d]
+  const void* k_cache;          // [num_blocks, block_size, n_kv_heads, d], BF16 or kv_fp8
+  const void* v_cache;          // [num_blocks, block_size, n_kv_heads, d]
   const int32_t* block_tables;  // [n_seqs, max_blocks]
   const int32_t* cu_q;          // [n_seqs + 1]
   const int32_t* kv_lens;       // [n_seqs]
@@ -147,6 +160,7 @@ struct AttentionParams {
   float scale = 1.0f;
   // [n_heads] ALiBi slopes or null: score = (q.k + bf16(bf16(slope) * bf16(key pos))) * scale.
   const float* alibi_slopes = nullptr;
+  bool kv_fp8 = false;  // the caches hold E4M3 codes under a scale of 1
 };
 // One block per (token, head); any head_dim up to 256. Always correct, slow for long prefill.
 void attention_generic(const AttentionParams& p, cudaStream_t s);
