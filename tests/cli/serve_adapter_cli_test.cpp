@@ -77,3 +77,31 @@ TEST(ServeAdapterCli, PreloadsThenServesAndStops) {
 
 }  // namespace
 }  // namespace kestrel
+
+namespace kestrel {
+namespace {
+
+// `serve --preset`: random weights need a tokenizer whose ids fit the preset's vocabulary, and
+// exclude --model; each refusal names what is wrong before anything is served.
+TEST(ServePresetCli, RefusesWhatCannotServe) {
+  const std::string tok = fixture_dir("tokenizer/falcon-tokenizer.json");
+  test::CmdResult r = test::run_kestrel("serve --preset tiny --port 0", true);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("serve --preset needs --tokenizer FILE"), std::string::npos) << r.out;
+  r = test::run_kestrel("serve --preset tiny --tokenizer " + tok + " --port 0", true);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("the tokenizer has 65024 tokens, the model's vocabulary 1024"),
+            std::string::npos)
+      << r.out;
+  r = test::run_kestrel("serve --preset falcon-9b --tokenizer " + tok + " --port 0", true);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("falcon-9b"), std::string::npos) << r.out;
+  r = test::run_kestrel(
+      "serve --preset tiny --model " + fixture_dir("e2e-falcon7b-fullvocab") + " --port 0", true);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("excludes"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("kestrel serving"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace kestrel
