@@ -52,9 +52,12 @@ case ,$STEPS, in *,bench7b-short,*)  # the GEMV's rows, and K/V in FP8 at long c
 esac
 
 case ,$STEPS, in *,serve40b,*)  # falcon-40b FP8 on one card: KV tokens and 64 streams
+  # On a larger card, the memory an H100 80GB would give (0.9 of its 79.2 GiB).
+  FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 |
+    awk '{f = 0.9 * 81559 / $1; print (f > 0.9 ? 0.9 : f)}')
   for kv in auto fp8; do
     STEPS=serve PRESET=falcon-40b PORT=$((8100 + ${#kv})) OUT=$OUT/serve40b-$kv \
-      SERVE_ARGS="--quantize fp8 --kv-cache-dtype $kv --max-running-seqs 64 --http-threads 4" \
+      SERVE_ARGS="--quantize fp8 --kv-cache-dtype $kv --max-running-seqs 64 --http-threads 4 --gpu-memory-fraction $FRACTION" \
       LOAD_ARGS="--requests 128 --concurrency 64 --prompt-tokens 128 --new-tokens 128" \
       timeout 280 sh bench/gpu_serve.sh 2>&1 | grep -vE "^kestrel_" | tail -25
   done

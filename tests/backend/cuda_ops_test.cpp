@@ -502,49 +502,71 @@ TEST(CudaOps, KvWriteFp8) {
   EXPECT_EQ(differ, 0);
 }
 
+// A cache's values as F32 on the host (F32 or E4M3 on the host; BF16 or E4M3 on the device).
+Tensor cache_values(const Tensor& cache) {
+  if (cache.dtype() != DType::kF8E4M3) return ops::to_host_f32(cache);
+  const Tensor codes = ops::to_device(cache, Device::kCpu);
+  Tensor out = Tensor::empty(DType::kF32, cache.shape());
+  for (int64_t i = 0; i < out.numel(); ++i)
+    out.data<float>()[i] = f8e4m3_to_f32(codes.data<uint8_t>()[i]);
+  return out;
+}
+
 // The fused op (one kernel on CUDA) against the CPU's qkv_rotary + kv_write: rotated and not,
-// MQA / GQA / MHA, block sizes 16 and 32, padding rows (slot -1) that must write nothing.
+// MQA / GQA / MHA, block sizes 16 and 32, padding rows (slot -1) that must write nothing; into a
+// BF16 cache and an FP8 one (E4M3 of the fp32 rotated value on both sides).
 TEST(CudaOps, QkvRotaryKvWrite) {
   REQUIRE_GPU();
-  for (auto [n, heads, kv_heads, d, bs, rotate] : {std::tuple{33, 71, 1, 64, 16, true},
-                                                   {5, 8, 2, 128, 32, true},
-                                                   {9, 4, 4, 16, 16, true},
-                                                   {7, 12, 12, 64, 32, false},
-                                                   {40, 32, 8, 64, 16, true}}) {
-    const int64_t blocks = (n + bs - 1) / bs + 3;
-    Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
-    Tensor cos = rotate ? random_host({n, d / 2}) : Tensor();
-    Tensor sin = rotate ? random_host({n, d / 2}) : Tensor();
-    std::vector<int64_t> slots = distinct_slots(n, blocks * bs);
-    Tensor t_slots = slots_tensor(slots);
-    // Row n / 2 is padding on CUDA (slot -1, skipped; the CPU refuses it): the CPU writes it
-    // to its slot, which then gets its old contents back below.
-    const int64_t pad_slot = slots[n / 2], row = kv_heads * d;
-    slots[n / 2] = -1;
-    Tensor g_slots = slots_tensor(slots);
-    Tensor q = Tensor::empty(DType::kF32, {n, heads, d});
-    Tensor k = Tensor::empty(DType::kF32, {n, kv_heads, d}),
-           v = Tensor::empty(DType::kF32, {n, kv_heads, d});
-    Tensor kc = random_host({blocks, bs, kv_heads, d}), vc = random_host({blocks, bs, kv_heads, d});
-    Tensor gkc = to_gpu_bf16(kc), gvc = to_gpu_bf16(vc);
-    const std::vector<float> k_old(kc.data<float>() + pad_slot * row,
-                                   kc.data<float>() + (pad_slot + 1) * row);
-    const std::vector<float> v_old(vc.data<float>() + pad_slot * row,
-                                   vc.data<float>() + (pad_slot + 1) * row);
-    ops::qkv_rotary_kv_write(qkv, cos, sin, t_slots, q, k, v, kc, vc);
-    std::copy(k_old.begin(), k_old.end(), kc.data<float>() + pad_slot * row);
-    std::copy(v_old.begin(), v_old.end(), vc.data<float>() + pad_slot * row);
-    Tensor gq = poisoned_gpu({n, heads, d}), gk = poisoned_gpu({n, kv_heads, d}),
-           gv = poisoned_gpu({n, kv_heads, d});
-    const auto dev = [](const Tensor& t) {
-      return t.defined() ? ops::to_device(t, Device::kCuda) : Tensor();
-    };
-    ops::qkv_rotary_kv_write(to_gpu_bf16(qkv), dev(cos), dev(sin), dev(g_slots), gq, gk, gv, gkc,
-                             gvc);
-    EXPECT_LE(gpu_error(gq, q), kElementwiseBound) << heads << "/" << kv_heads << " d" << d;
-    EXPECT_LE(gpu_error(gkc, kc), kElementwiseBound) << heads << "/" << kv_heads << " d" << d;
-    EXPECT_EQ(gpu_error(gvc, vc), 0.0) << heads << "/" << kv_heads << " d" << d;
-  }
+  for (bool fp8 : {false, true})
+    for (auto [n, heads, kv_heads, d, bs, rotate] : {std::tuple{33, 71, 1, 64, 16, true},
+                                                     {5, 8, 2, 128, 32, true},
+                                                     {9, 4, 4, 16, 16, true},
+                                                     {7, 12, 12, 64, 32, false},
+                                                     {40, 32, 8, 64, 16, true}}) {
+      const int64_t blocks = (n + bs - 1) / bs + 3;
+      Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
+      Tensor cos = rotate ? random_host({n, d / 2}) : Tensor();
+      Tensor sin = rotate ? random_host({n, d / 2}) : Tensor();
+      std::vector<int64_t> slots = distinct_slots(n, blocks * bs);
+      Tensor t_slots = slots_tensor(slots);
+      // Row n / 2 is padding on CUDA (slot -1, skipped; the CPU refuses it): the CPU writes it
+      // to its slot, which then gets its old contents back below.
+      const int64_t pad_slot = slots[n / 2], row = kv_heads * d;
+      slots[n / 2] = -1;
+      Tensor g_slots = slots_tensor(slots);
+      Tensor q = Tensor::empty(DType::kF32, {n, heads, d});
+      Tensor k = Tensor::empty(DType::kF32, {n, kv_heads, d}),
+             v = Tensor::empty(DType::kF32, {n, kv_heads, d});
+      Tensor kc = random_host({blocks, bs, kv_heads, d}),
+             vc = random_host({blocks, bs, kv_heads, d});
+      if (fp8) {
+        kc = to_e4m3(kc);
+        vc = to_e4m3(vc);
+      }
+      Tensor gkc = fp8 ? ops::to_device(kc, Device::kCuda) : to_gpu_bf16(kc);
+      Tensor gvc = fp8 ? ops::to_device(vc, Device::kCuda) : to_gpu_bf16(vc);
+      const int64_t esize = fp8 ? 1 : 4;  // bytes of a cache element on the host
+      auto* kb = static_cast<std::byte*>(kc.raw()) + pad_slot * row * esize;
+      auto* vb = static_cast<std::byte*>(vc.raw()) + pad_slot * row * esize;
+      const std::vector<std::byte> k_old(kb, kb + row * esize), v_old(vb, vb + row * esize);
+      ops::qkv_rotary_kv_write(qkv, cos, sin, t_slots, q, k, v, kc, vc);
+      std::copy(k_old.begin(), k_old.end(), kb);
+      std::copy(v_old.begin(), v_old.end(), vb);
+      kc = cache_values(kc);
+      vc = cache_values(vc);
+      Tensor gq = poisoned_gpu({n, heads, d}), gk = poisoned_gpu({n, kv_heads, d}),
+             gv = poisoned_gpu({n, kv_heads, d});
+      const auto dev = [](const Tensor& t) {
+        return t.defined() ? ops::to_device(t, Device::kCuda) : Tensor();
+      };
+      ops::qkv_rotary_kv_write(to_gpu_bf16(qkv), dev(cos), dev(sin), dev(g_slots), gq, gk, gv, gkc,
+                               gvc);
+      EXPECT_LE(gpu_error(gq, q), kElementwiseBound) << heads << "/" << kv_heads << " d" << d;
+      EXPECT_LE(norm_error(cache_values(gkc), kc), kElementwiseBound)
+          << heads << "/" << kv_heads << " d" << d << " fp8 " << fp8;
+      EXPECT_EQ(norm_error(cache_values(gvc), vc), 0.0)
+          << heads << "/" << kv_heads << " d" << d << " fp8 " << fp8;
+    }
 }
 
 }  // namespace
