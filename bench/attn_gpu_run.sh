@@ -7,7 +7,7 @@ set -u
 OUT=${OUT:-gpu-out}
 BIN=${BIN:-build-h2carry}
 mkdir -p "$OUT"
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
 [ -z "${DATA_ROOT:-}" ] || [ -e "$DATA_ROOT" ] || { mkdir -p "$(dirname "$DATA_ROOT")" && ln -s "$PWD" "$DATA_ROOT"; }
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader

@@ -11,7 +11,7 @@ STEPS=${STEPS:-tests,bench7b,bench40b}
 mkdir -p "$OUT" build-gpucarry
 tar -xJf build-gpupack/bin.tar.xz -C build-gpucarry
 BIN=build-gpucarry
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 

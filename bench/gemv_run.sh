@@ -8,7 +8,7 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BIN=${BIN:-build-h1carry}
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 timeout 150 ./$BIN/backend_cuda_test >"$OUT/ops.log" 2>&1

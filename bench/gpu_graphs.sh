@@ -8,7 +8,7 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BIN=${BIN:-build-gpucarry}
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 STEPS=${STEPS:-graphs,bench,memcheck,generate,fixtures}

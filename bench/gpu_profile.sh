@@ -6,7 +6,7 @@ set -u
 OUT=${OUT:-gpu-out}
 BIN=${BIN:-build-gpucarry}
 mkdir -p "$OUT"
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 for shape in "--prefill 1x2048 --decode 1x1x1" "--prefill 1x1 --decode 1x128x3" "--prefill 1x1 --decode 128x128x3"; do
   name=$(echo "$shape" | tr -c 'a-z0-9\n' '_' | cut -c1-60)

@@ -11,7 +11,7 @@ set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BIN=${BIN:-build-lora-gpucarry}
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 STEPS=${STEPS:-ops,timing,fixtures,bench}

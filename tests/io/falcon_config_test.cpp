@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_data.h"
 #include "core/error.h"
 #include "io/falcon_config.h"
 
@@ -13,7 +14,7 @@ namespace {
 using nlohmann::json;
 
 std::string data(const std::string& name) {
-  return std::string(KESTREL_TEST_DATA) + "/" + name;
+  return test::test_data_dir() + "/" + name;
 }
 
 void expect_error(const json& j, const std::string& fragment) {

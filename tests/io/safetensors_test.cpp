@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_data.h"
 #include "core/error.h"
 
 namespace kestrel {
@@ -273,7 +274,7 @@ TEST_F(SafetensorsTest, FolderOfShardsWithoutIndex) {
 }
 
 TEST_F(SafetensorsTest, RealFixture) {
-  const std::string dir = std::string(KESTREL_TEST_DATA) + "/falcon7b-mqa-parallel";
+  const std::string dir = test::test_data_dir() + "/falcon7b-mqa-parallel";
   const WeightStore store = WeightStore::open_folder(dir);
   const TensorInfo& qkv = store.get("transformer.h.0.self_attention.query_key_value.weight");
   EXPECT_EQ(qkv.dtype, DType::kBF16);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../test_data.h"
 #include "core/tensor.h"
 #include "io/safetensors.h"
 
@@ -36,7 +37,7 @@ inline std::string fixture_test_name(std::string s) {
 }
 
 inline std::string fixture_dir(const std::string& name) {
-  return std::string(KESTREL_TEST_DATA) + "/" + name;
+  return test_data_dir() + "/" + name;
 }
 
 struct Expected {

@@ -9,6 +9,7 @@
 
 #include <unistd.h>
 
+#include "../test_data.h"
 #include "engine/engine.h"
 #include "lora/adapter_store.h"
 #include "model/falcon_model.h"
@@ -21,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string data(const std::string& path) {
-  return std::string(KESTREL_TEST_DATA) + "/" + path;
+  return test::test_data_dir() + "/" + path;
 }
 
 const std::string kBase = data("e2e-falcon7b-fullvocab");

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_data.h"
 #include "core/error.h"
 #include "text/pre_tokenizer.h"
 #include "text/regex.h"
@@ -299,7 +300,7 @@ TEST(LoadErrorTest, MissingFileIsNamed) {
 // HF's classes of every code point from U+0080 (gen_hf_unicode_classes.py):
 // class letter -> sorted [first, last] ranges.
 std::map<char, std::vector<std::pair<char32_t, char32_t>>> hf_classes() {
-  std::ifstream in(std::string(KESTREL_TEST_DATA) + "/tokenizer/hf-unicode-classes.txt");
+  std::ifstream in(test::test_data_dir() + "/tokenizer/hf-unicode-classes.txt");
   std::map<char, std::vector<std::pair<char32_t, char32_t>>> out;
   for (std::string line; std::getline(in, line);) {
     if (line.empty() || line[0] == '#') continue;

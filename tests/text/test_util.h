@@ -9,12 +9,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_data.h"
 #include "text/tokenizer.h"
 
 namespace kestrel::text::testing {
 
 inline std::string data_path(const std::string& name) {
-  return std::string(KESTREL_TEST_DATA) + "/tokenizer/" + name;
+  return test::test_data_dir() + "/tokenizer/" + name;
 }
 
 inline std::string read_all(const std::string& path) {
