@@ -49,6 +49,10 @@ case ,$STEPS, in *,bench7b-short,*)  # the GEMV's rows, and K/V in FP8 at long c
       --decode 1x128x128,2x128x128,4x128x128,32x2048x64,128x1024x32 --iters 3 $q >"$OUT/b7.log" 2>&1
     echo "bench falcon-7b '$q' rc=$?"; grep -E "^(prefill|decode)|peak|linears" "$OUT/b7.log" | cut -c1-150
   done
+  # BF16 LoRA adapters over FP8 base linears, in CUDA graphs
+  ./$BIN/kestrel bench --device cuda --preset falcon-7b --quantize fp8 --prefill '' \
+    --decode 1x128x128,32x128x128 --first-token-prompt 0 --iters 3 --lora-adapters 1,8 >"$OUT/b7lora.log" 2>&1
+  echo "bench falcon-7b fp8 + lora rc=$?"; grep -E "^(decode)|lora" "$OUT/b7lora.log" | cut -c1-150
 esac
 
 case ,$STEPS, in *,serve40b,*)  # falcon-40b FP8 on one card: KV tokens and 64 streams
