@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   kestrel::cli::add_tokenize_commands(app);
 #ifdef KESTREL_HAVE_SERVER
   kestrel::cli::add_serve_command(app);
+  kestrel::cli::add_chat_template_command(app);
 #endif
   kestrel::cli::add_bench_command(app);
   try {

@@ -7,6 +7,7 @@
 // last, tojson) and string methods (strip, upper, lower, startswith, ...).
 #include "server/chat_template.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -32,6 +33,7 @@ struct Value {
   std::string s;
   std::shared_ptr<List> list;
   std::shared_ptr<Dict> dict;
+  bool ns = false;  // a namespace(): a dict whose attributes `set` may assign (shared, not copied)
 
   static Value none() { return make(kNone); }
   static Value boolean(bool v) {
@@ -247,6 +249,7 @@ struct Expr {
   Value lit;
   std::string name;                         // variable, attribute, filter/test name, or operator
   std::vector<std::shared_ptr<Expr>> args;  // operands
+  std::vector<std::string> keywords;        // a call's argument names ("": positional)
   bool negate = false;                      // `is not`
 };
 using ExprPtr = std::shared_ptr<Expr>;
@@ -390,11 +393,16 @@ class ExprParser {
     }
     return postfix(primary());
   }
-  std::vector<ExprPtr> call_args() {  // after '('; keyword arguments are taken by position
+  // After '('. Keyword arguments are taken by position, their names kept in `keywords` if given.
+  std::vector<ExprPtr> call_args(std::vector<std::string>* keywords = nullptr) {
     std::vector<ExprPtr> args;
     while (!is_op(")")) {
-      if (t_[p_].kind == Tok::kName && t_[p_ + 1].kind == Tok::kOp && t_[p_ + 1].text == "=")
+      std::string keyword;
+      if (t_[p_].kind == Tok::kName && t_[p_ + 1].kind == Tok::kOp && t_[p_ + 1].text == "=") {
+        keyword = t_[p_].text;
         p_ += 2;
+      }
+      if (keywords) keywords->push_back(keyword);
       args.push_back(expr());
       if (!is_op(")")) expect_op(",");
     }
@@ -421,8 +429,10 @@ class ExprParser {
       } else if (is_op("(")) {
         ++p_;
         std::vector<ExprPtr> args{e};
-        for (auto& a : call_args()) args.push_back(a);
+        std::vector<std::string> keywords;
+        for (auto& a : call_args(&keywords)) args.push_back(a);
         e = node(Expr::kCall, "", std::move(args));
+        e->keywords = std::move(keywords);
       } else if (is_op("|")) {
         ++p_;
         ExprPtr f = node(Expr::kFilter, expect_name(), {e});
@@ -812,6 +822,10 @@ Value call_method(const Value& obj, const std::string& m, const std::vector<Valu
 }
 
 Value item(const Value& obj, const Value& key) {
+  if (obj.kind == Value::kUndefined)  // as jinja2: reading into nothing is an error, not ""
+    throw ValidationError("messages", "the chat template reads `" + to_str(key) +
+                                          "` of an undefined value (of a message that is not "
+                                          "there?)");
   if (obj.kind == Value::kDict) {
     const Value* v = obj.get(to_str(key));
     return v ? *v : Value();
@@ -866,7 +880,23 @@ Value eval(const Expr& e, Scope& scope) {
         for (int64_t k = 0; k < args[0].i; ++k) l.push_back(Value::integer(k));
         return Value::of_list(std::move(l));
       }
-      fail("calls other than methods, raise_exception and range are not supported");
+      if (callee.kind == Expr::kName && callee.name == "namespace") {
+        // namespace(a=1, ...), or namespace(dict) merged with keywords
+        Dict d;
+        for (size_t k = 0; k < args.size(); ++k) {
+          if (!e.keywords[k].empty()) {
+            d.emplace_back(e.keywords[k], args[k]);
+          } else if (args[k].kind == Value::kDict) {
+            for (const auto& kv : *args[k].dict) d.push_back(kv);
+          } else {
+            fail("namespace() takes keyword arguments or a dict");
+          }
+        }
+        Value v = Value::of_dict(std::move(d));
+        v.ns = true;
+        return v;
+      }
+      fail("calls other than methods, namespace, raise_exception and range are not supported");
     }
     case Expr::kFilter: {
       std::vector<Value> args;
@@ -954,7 +984,21 @@ void exec(const std::vector<Node>& nodes, Scope& scope, std::string& out) {
         out += to_str(eval(*n.expr, scope));
         break;
       case Node::kSet:
-        scope.set(n.vars[0], eval(*n.expr, scope));
+        if (const size_t dot = n.vars[0].find('.'); dot != std::string::npos) {
+          // set ns.attr = value: into the namespace object itself (every holder sees it)
+          const Value target = scope.lookup(n.vars[0].substr(0, dot));
+          if (!target.ns) fail("`set " + n.vars[0] + "`: only a namespace() takes attributes");
+          const std::string attr = n.vars[0].substr(dot + 1);
+          Value v = eval(*n.expr, scope);
+          auto it = std::find_if(target.dict->begin(), target.dict->end(),
+                                 [&](const auto& kv) { return kv.first == attr; });
+          if (it != target.dict->end())
+            it->second = std::move(v);
+          else
+            target.dict->emplace_back(attr, std::move(v));
+        } else {
+          scope.set(n.vars[0], eval(*n.expr, scope));
+        }
         break;
       case Node::kIf:
         for (const auto& [cond, body] : n.branches) {
