@@ -8,6 +8,7 @@
 set -u
 OUT=${OUT:-gpu-out}
 STEPS=${STEPS:-tests,bench7b,bench40b}
+T0=$(date +%s)
 mkdir -p "$OUT" build-gpucarry
 tar -xJf build-gpupack/bin.tar.xz -C build-gpucarry
 BIN=build-gpucarry
@@ -44,7 +45,10 @@ case ,$STEPS, in *,bench40b,*)
 esac
 
 case ,$STEPS, in *,bench7b-short,*)  # the GEMV's rows, and K/V in FP8 at long contexts
-  for q in "--quantize fp8" "--quantize fp8 --kv-cache-dtype fp8" "" "--kv-cache-dtype fp8"; do
+  # B7_FP8_ONLY=1: the two FP8-weight runs alone (a short call)
+  set -- "--quantize fp8" "--quantize fp8 --kv-cache-dtype fp8"
+  [ "${B7_FP8_ONLY:-0}" = 1 ] || set -- "$@" "" "--kv-cache-dtype fp8"
+  for q in "$@"; do
     ./$BIN/kestrel bench --device cuda --preset falcon-7b --prefill 1x2048 \
       --decode 1x128x128,2x128x128,4x128x128,32x2048x64,128x1024x32 --iters 3 $q >"$OUT/b7.log" 2>&1
     echo "bench falcon-7b '$q' rc=$?"; grep -E "^(prefill|decode)|peak|linears" "$OUT/b7.log" | cut -c1-150
@@ -59,10 +63,11 @@ case ,$STEPS, in *,serve40b,*)  # falcon-40b FP8 on one card: KV tokens and 64 s
   # On a larger card, the memory an H100 80GB would give (0.9 of its 79.2 GiB).
   FRACTION=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 |
     awk '{f = 0.9 * 81559 / $1; print (f > 0.9 ? 0.9 : f)}')
-  for kv in auto fp8; do
+  for kv in ${SERVE_KV:-auto fp8}; do
+    [ $(( $(date +%s) - T0 )) -lt ${SERVE_BY:-100000} ] || { echo "serve40b kv $kv: no time left"; break; }
     STEPS=serve PRESET=falcon-40b PORT=$((8100 + ${#kv})) OUT=$OUT/serve40b-$kv \
       SERVE_ARGS="--quantize fp8 --kv-cache-dtype $kv --max-running-seqs 64 --http-threads 4 --gpu-memory-fraction $FRACTION" \
       LOAD_ARGS="--requests 128 --concurrency 64 --prompt-tokens 128 --new-tokens 128" \
-      timeout 280 sh bench/gpu_serve.sh 2>&1 | grep -vE "^kestrel_" | tail -25
+      timeout ${SERVE_TIMEOUT:-280} sh bench/gpu_serve.sh 2>&1 | grep -vE "^kestrel_" | tail -25
   done
 esac
