@@ -42,7 +42,7 @@ FalconModel FalconModel::load(const std::string& dir, Device device, int tensor_
   if (!ckpt.method.empty())
     spdlog::info("checkpoint quantization: {} (FP8 E4M3 weights read as they are{})", ckpt.method,
                  ckpt.static_input_scales
-                     ? "; its static input scales are not used: activations stay BF16 / F32"
+                     ? "; its static input scales are not used: activations are scaled per token"
                      : "");
   if (tensor_parallel != 1) return load_parallel(dir, device, tensor_parallel, quant);
   FalconConfig config = FalconConfig::from_model_dir(dir);
@@ -78,33 +78,7 @@ FalconModel FalconModel::from_store(const FalconConfig& config, const WeightStor
                         scale);
       return true;
     }
-    if (info.dtype != DType::kF8E4M3)
-      KESTREL_FAIL("tensor ", name, " is ", dtype_name(info.dtype),
-                   ": only F8_E4M3 weights are supported");
-    const std::string base = name.substr(0, name.size() - std::string(".weight").size());
-    if (store.contains(base + ".weight_scale_inv"))
-      KESTREL_FAIL("tensor ", base, ".weight_scale_inv: block-wise FP8 scales are not supported");
-    const std::string sname = base + ".weight_scale";
-    if (!store.contains(sname))
-      KESTREL_FAIL("tensor ", name, " is F8_E4M3 but the checkpoint has no ", sname);
-    const TensorInfo& si = store.get(sname);
-    const int64_t rows = info.shape[0], n = shape_numel(si.shape);
-    const bool shape_ok =
-        (n == 1 && si.shape.size() <= 2) ||
-        (n == rows && (si.shape.size() == 1 || (si.shape.size() == 2 && si.shape[1] == 1)));
-    if (!shape_ok ||
-        !(si.dtype == DType::kF32 || si.dtype == DType::kBF16 || si.dtype == DType::kF16))
-      KESTREL_FAIL("tensor ", sname, " is ", dtype_name(si.dtype), " ", shape_str(si.shape),
-                   ": a weight scale is F32 / BF16 / F16 of shape [1] (per tensor) or [", rows,
-                   "] / [", rows, ", 1] (per output channel)");
-    Tensor host = Tensor::empty(DType::kF32, {n});
-    convert_to_f32(si.data, si.dtype, static_cast<size_t>(n), host.data<float>());
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = host.data<float>()[i];
-      if (!(std::isfinite(v) && v > 0.0f))
-        KESTREL_FAIL("tensor ", sname, " holds ", v, " at index ", i,
-                     ": weight scales must be finite and positive");
-    }
+    const Tensor host = fp8_weight_scales(store, name);
     q = ops::upload_weight(info.data, info.dtype, info.shape, info.dtype, device);
     scale = ops::to_device(host, device);
     return true;

@@ -141,6 +141,10 @@ FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStor
   int64_t read = 0;
   auto load = [&](const std::string& name) -> Tensor {
     const TensorInfo& info = store.get(name);
+    if (is_fp8(info.dtype))
+      KESTREL_FAIL("tensor ", name, " is ", dtype_name(info.dtype),
+                   ": only the linears (query_key_value, dense, dense_h_to_4h, dense_4h_to_h) "
+                   "may be FP8");
     std::vector<int64_t> rows, cols;
     if (name == "transformer.word_embeddings.weight") {
       rows = iota_range(s.vocab, s.vocab.size() + 1);  // + the zero row of masked ids
@@ -164,40 +168,45 @@ FalconModel FalconModel::build_rank(const FalconConfig& config, const WeightStor
     const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
     return ops::upload_weight(host.data(), info.dtype, shape, dtype, device);
   };
-  // --quantize fp8: the slice quantized as the single-rank model quantizes the whole tensor.
-  LoadFp8 load_fp8;
-  if (quant.fp8)
-    load_fp8 = [&](const std::string& name, Tensor& q, Tensor& scale) {
-      // From the checkpoint's own values, as the single-rank load (F32 / F16 not through BF16).
-      const TensorInfo& info = store.get(name);
-      const DType wide = info.dtype == DType::kBF16 ? dtype : DType::kF32;
-      if (ends_with(name, ".self_attention.dense.weight") ||
-          ends_with(name, ".dense_4h_to_h.weight"))
-        scale = ops::to_device(whole_row_scales(info, wide), device);
-      std::vector<int64_t> rows, cols;
-      if (ends_with(name, ".query_key_value.weight")) rows = qkv_rows;
-      if (ends_with(name, ".self_attention.dense.weight")) cols = dense_cols;
-      if (ends_with(name, ".dense_h_to_4h.weight")) rows = ffn;
-      if (ends_with(name, ".dense_4h_to_h.weight")) cols = ffn;
-      Shape shape;
+  // A pre-quantized FP8 linear: the slice of its codes, and of its scales where they are per
+  // row of a column-parallel slice (a row-parallel slice keeps whole rows: every scale; a
+  // padding row of zeros takes 1). --quantize fp8: the slice quantized as the single-rank model
+  // quantizes the whole tensor.
+  LoadFp8 load_fp8 = [&](const std::string& name, Tensor& q, Tensor& scale) {
+    const TensorInfo& info = store.get(name);
+    if (!is_fp8(info.dtype) && !quant.fp8) return false;
+    std::vector<int64_t> rows, cols;
+    if (ends_with(name, ".query_key_value.weight")) rows = qkv_rows;
+    if (ends_with(name, ".self_attention.dense.weight")) cols = dense_cols;
+    if (ends_with(name, ".dense_h_to_4h.weight")) rows = ffn;
+    if (ends_with(name, ".dense_4h_to_h.weight")) cols = ffn;
+    Shape shape;
+    if (is_fp8(info.dtype)) {
+      const Tensor all = fp8_weight_scales(store, name);  // [1] or [out], checked
+      Tensor mine = all;
+      if (all.numel() > 1 && !rows.empty()) {
+        mine = Tensor::empty(DType::kF32, {static_cast<int64_t>(rows.size())});
+        for (size_t i = 0; i < rows.size(); ++i)
+          mine.data<float>()[i] = rows[i] < 0 ? 1.0f : all.data<float>()[rows[i]];
+      }
       const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
-      ops::quantize_fp8(ops::upload_weight(host.data(), info.dtype, shape, wide, device), q, scale);
+      q = ops::upload_weight(host.data(), info.dtype, shape, info.dtype, device);
+      scale = ops::to_device(mine, device);
       return true;
-    };
+    }
+    // From the checkpoint's own values, as the single-rank load (F32 / F16 not through BF16).
+    const DType wide = info.dtype == DType::kBF16 ? dtype : DType::kF32;
+    if (!cols.empty()) scale = ops::to_device(whole_row_scales(info, wide), device);
+    const std::vector<std::byte> host = gather_slice(info, rows, cols, &shape, &read);
+    ops::quantize_fp8(ops::upload_weight(host.data(), info.dtype, shape, wide, device), q, scale);
+    return true;
+  };
   FalconModel m = build(rank_config(config, s), device, has_lm_head, load, quant, load_fp8);
   if (!has_lm_head) m.lm_head_ = m.word_embeddings_.rows(0, vmax);
   std::shared_ptr<Communicator> timed = std::make_shared<TimedCommunicator>(std::move(comm));
   m.tp_ = {r, n, std::move(timed), s.vocab.begin, s.vocab.end, read};
   spdlog::info("tensor parallel {}: {:.1f} MiB of weights", describe(s), read / 1048576.0);
   return m;
-}
-
-// FP8 checkpoints are not sharded yet (a row-parallel shard needs the scale of its whole row).
-static void refuse_fp8_checkpoint(const WeightStore& store) {
-  for (const std::string& name : store.names())
-    if (is_fp8(store.get(name).dtype))
-      KESTREL_FAIL("tensor ", name, " is ", dtype_name(store.get(name).dtype),
-                   ": FP8 checkpoints with tensor parallelism are not supported yet");
 }
 
 FalconModel FalconModel::load_process_rank(const std::string& dir, Device device,
@@ -207,7 +216,6 @@ FalconModel FalconModel::load_process_rank(const std::string& dir, Device device
   FalconConfig config = FalconConfig::from_model_dir(dir);
   check_tensor_parallel(shard_dims(config), comm->size());  // before any weight is read
   WeightStore store = WeightStore::open_folder(dir);
-  refuse_fp8_checkpoint(store);
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");
@@ -236,7 +244,6 @@ FalconModel FalconModel::from_store_parallel(const FalconConfig& config, const W
                 " on CUDA in one process needs one CUDA stream per device in the CUDA backend, "
                 "which it does not have yet; run one process per GPU (--nnodes ",
                 n, ", docs/parallel.md) or --device cpu");
-  refuse_fp8_checkpoint(store);
   const bool has_lm_head = store.contains("lm_head.weight");
   KESTREL_CHECK(has_lm_head || config.tie_word_embeddings,
                 "config says tie_word_embeddings: false but the checkpoint has no lm_head.weight");

@@ -4,7 +4,8 @@
 // computes, so their logits equal `--quantize fp8` on the original bit for bit; per-tensor ones
 // stay within 8e-2 of the fp32 reference. A corrupt scale, a scale of the wrong shape, a missing
 // scale, E5M2 or block-wise weights and unsupported quantization_configs fail with exit 1 and a
-// message naming the tensor or key.
+// message naming the tensor or key. With tensor parallelism each rank reads its slice of the
+// codes and scales, and the logits are the single-rank ones.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -275,13 +276,41 @@ TEST(Fp8Checkpoint, BadCheckpointsFailNamingTheTensorOrKey) {
     EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.name << ": " << r.out;
     fs::remove_all(dir);
   }
-  // Tensor parallelism does not shard FP8 checkpoints yet: refused, not misread.
-  Options o;
-  const std::string dir = make_checkpoint("tp", o);
-  const auto r = logits(dir, dir + "/out.safetensors", "--tensor-parallel 2");
-  EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("tensor parallelism"), std::string::npos) << r.out;
-  fs::remove_all(dir);
+  // With tensor parallelism too: a corrupt scale, E5M2 codes, an FP8 embedding.
+  for (size_t i : {0, 3, 5}) {
+    const Bad& c = cases[i];
+    const std::string dir = make_checkpoint("badtp" + std::to_string(i), c.options);
+    const auto r = logits(dir, dir + "/out.safetensors", "--tensor-parallel 2");
+    EXPECT_EQ(r.status, 1) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.needle), std::string::npos) << c.name << ": " << r.out;
+    fs::remove_all(dir);
+  }
+}
+
+// Tensor parallelism shards an FP8 checkpoint like its BF16 base: each rank the codes of its
+// slice and the scales of its rows (column-parallel) or of whole rows (row-parallel); N = 2 and 3
+// give the single-rank logits (within 1e-5: the all-reduce sums in another order), per-channel
+// and per-tensor scales.
+TEST(Fp8Checkpoint, TensorParallelShardsCodesAndScales) {
+  const std::string tmp =
+      fs::temp_directory_path() / ("kestrel_fp8_tp_" + std::to_string(getpid()));
+  for (const char* layout : {"channel", "tensor"}) {
+    Options o;
+    o.scale_layout = layout;
+    const std::string dir = make_checkpoint(std::string("tp_") + layout, o);
+    auto r = logits(dir, tmp + "_1.safetensors");
+    ASSERT_EQ(r.status, 0) << r.out;
+    const std::vector<float> one = read_logits(tmp + "_1.safetensors");
+    for (int n : {2, 3}) {
+      r = logits(dir, tmp + "_n.safetensors", "--tensor-parallel " + std::to_string(n));
+      ASSERT_EQ(r.status, 0) << layout << " N = " << n << ": " << r.out;
+      const std::vector<float> got = read_logits(tmp + "_n.safetensors");
+      ASSERT_EQ(got.size(), one.size());
+      EXPECT_LE(test::rel_error(got.data(), one.data(), got.size()), 1e-5)
+          << layout << " N = " << n;
+    }
+    fs::remove_all(dir);
+  }
 }
 
 }  // namespace
