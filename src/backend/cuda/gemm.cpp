@@ -198,6 +198,19 @@ int gemv_mode() {
   return g_gemv_mode;
 }
 
+// What a plan's epilogue did not fuse, after its product: the bias, then GELU (bf16 out).
+void finish_epilogue(const Plan& p, const Tensor& bias, bool gelu, Tensor& out) {
+  if (bias.defined() && !p.bias_epilogue) {
+    kernels::add_bias(out.raw(), out.dtype() == DType::kF32, bias.data<uint16_t>(), out.dim(0),
+                      out.dim(1), stream());
+    CUDA_CHECK_LAUNCH();
+  }
+  if (gelu && !p.gelu_epilogue) {
+    kernels::gelu(out.data<uint16_t>(), out.numel(), stream());
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
 // cuBLASLt with the epilogue: bias as before, accumulate as beta = 1, GELU in place after
 // (bf16 out, no accumulate), or through an F32 product and linear_epilogue.
 void linear_cublas(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
@@ -229,14 +242,7 @@ void linear_cublas(const Tensor& x, const Tensor& weight, const Tensor& bias, Te
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
   run(p, x, weight, out, p.algo, epi.accumulate);
-  if (bias.defined() && !p.bias_epilogue) {
-    kernels::add_bias(out.raw(), f32_out, bias.data<uint16_t>(), n_tokens, n_out, stream());
-    CUDA_CHECK_LAUNCH();
-  }
-  if (epi.gelu && !p.gelu_epilogue) {
-    kernels::gelu(out.data<uint16_t>(), out.numel(), stream());
-    CUDA_CHECK_LAUNCH();
-  }
+  finish_epilogue(p, bias, epi.gelu, out);
 }
 
 }  // namespace
@@ -297,14 +303,7 @@ bool linear_fp8_gemm(const Tensor& x, const Tensor& weight, const Tensor& w_scal
       set_pointer(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale.raw());
       set_pointer(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scales.raw());
       run(p, codes, weight, out, p.algo, epi.accumulate);
-      if (bias.defined() && !p.bias_epilogue) {
-        kernels::add_bias(out.raw(), f32_out, bias.data<uint16_t>(), n_tokens, n_out, stream());
-        CUDA_CHECK_LAUNCH();
-      }
-      if (epi.gelu && !p.gelu_epilogue) {
-        kernels::gelu(out.data<uint16_t>(), out.numel(), stream());
-        CUDA_CHECK_LAUNCH();
-      }
+      finish_epilogue(p, bias, epi.gelu, out);
       return true;
     }
     static bool said = false;  // one stream, one thread drives the device
