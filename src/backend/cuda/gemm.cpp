@@ -292,22 +292,14 @@ bool linear_fp8_gemm(const Tensor& x, const Tensor& weight, const Tensor& w_scal
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
   if (n_in % 16 != 0 || n_out % 16 != 0) return false;
   const bool f32_out = out.dtype() == DType::kF32, per_row = w_scale.numel() > 1;
-  Tensor codes, scales;
-  quantize_rows(x, codes, scales);
+  // The plan first (no algorithm: nothing rounded in vain), then the activations' codes.
+  Plan* scaled = nullptr;
   if (per_row && !epi.addend && !(epi.gelu && (epi.accumulate || f32_out))) {
     const PlanKey key{
         n_out, n_tokens, n_in, bias.defined(), f32_out, epi.gelu, Operands::kFp8Scaled};
-    Plan& p = plan_for(key, x, weight, bias, out);
-    if (p.op) {
-      if (p.bias_epilogue) set_pointer(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.raw());
-      set_pointer(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale.raw());
-      set_pointer(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scales.raw());
-      run(p, codes, weight, out, p.algo, epi.accumulate);
-      finish_epilogue(p, bias, epi.gelu, out);
-      return true;
-    }
+    scaled = &plan_for(key, x, weight, bias, out);
     static bool said = false;  // one stream, one thread drives the device
-    if (!said) {
+    if (!scaled->op && !said) {
       spdlog::info(
           "cuBLASLt FP8 GEMM: no outer-vector scaled algorithm for [{}, {}] x [{}, {}]^T; an "
           "unscaled product and a scaling epilogue instead",
@@ -315,11 +307,26 @@ bool linear_fp8_gemm(const Tensor& x, const Tensor& weight, const Tensor& w_scal
       said = true;
     }
   }
-  Tensor y = Tensor::empty(DType::kF32, {n_tokens, n_out}, Device::kCuda);
-  const PlanKey key{n_out, n_tokens, n_in, false, true, false, Operands::kFp8Unscaled};
-  Plan& p = plan_for(key, x, weight, Tensor(), y);
-  if (!p.op) return false;
-  run(p, codes, weight, y, p.algo, false);
+  Tensor y;
+  Plan* unscaled = nullptr;
+  if (!scaled || !scaled->op) {
+    y = Tensor::empty(DType::kF32, {n_tokens, n_out}, Device::kCuda);
+    const PlanKey key{n_out, n_tokens, n_in, false, true, false, Operands::kFp8Unscaled};
+    unscaled = &plan_for(key, x, weight, Tensor(), y);
+    if (!unscaled->op) return false;
+  }
+  Tensor codes, scales;
+  quantize_rows(x, codes, scales);
+  if (!unscaled) {
+    Plan& p = *scaled;
+    if (p.bias_epilogue) set_pointer(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.raw());
+    set_pointer(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, w_scale.raw());
+    set_pointer(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, scales.raw());
+    run(p, codes, weight, out, p.algo, epi.accumulate);
+    finish_epilogue(p, bias, epi.gelu, out);
+    return true;
+  }
+  run(*unscaled, codes, weight, y, unscaled->algo, false);
   kernels::linear_epilogue(y.data<float>(), bias.defined() ? bias.data<uint16_t>() : nullptr,
                            n_tokens, n_out, epi.gelu, epi.accumulate, out.raw(), f32_out, stream(),
                            {scales.data<float>(), w_scale.data<float>(), per_row},
