@@ -52,10 +52,6 @@ struct BenchArgs {
   EngineBenchArgs engine;
 };
 
-FalconConfig preset_config(const std::string& name) {
-  return FalconConfig::from_json(falcon_preset(name).to_json(), "bench preset " + name);
-}
-
 // "1x2048,8x512" -> {{1, 2048}, {8, 512}} (each item `parts` numbers).
 std::vector<std::vector<int64_t>> parse_shapes(const std::string& s, size_t parts,
                                                const char* what) {
@@ -214,7 +210,7 @@ void run_bench(const BenchArgs& a) {
   const double t_load = now_s();
   FalconModel model = [&] {
     if (!a.preset.empty()) {
-      FalconConfig c = preset_config(a.preset);
+      FalconConfig c = falcon_preset_config(a.preset);
       if (a.layers > 0) c.n_layers = a.layers;
       KESTREL_CHECK(a.parallel.tensor_parallel == 1 && a.parallel.nnodes == 1,
                     "bench --tensor-parallel / --nnodes need --model DIR (--preset draws one "

@@ -1,6 +1,8 @@
 // The preset table (presets.h).
 #include "cli/presets.h"
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 
 namespace kestrel::cli {
@@ -35,6 +37,10 @@ FalconConfig falcon_preset(const std::string& name) {
   }
   c.ffn_hidden_size = 4 * c.hidden_size;
   return c;
+}
+
+FalconConfig falcon_preset_config(const std::string& name) {
+  return FalconConfig::from_json(falcon_preset(name).to_json(), "preset " + name);
 }
 
 }  // namespace kestrel::cli

@@ -157,9 +157,8 @@ void run_serve(const ServeArgs& a) {
                preset ? "random " + a.preset + " weights" : a.model_dir, a.device);
   const bool graphs = parse_cuda_graphs_arg(a.cuda_graphs, "serve");
   auto model = std::make_shared<const FalconModel>([&] {
-    FalconModel m = preset ? FalconModel::random(FalconConfig::from_json(
-                                                     falcon_preset(a.preset).to_json(), a.preset),
-                                                 device, 1, weight_quant(a.parallel))
+    FalconModel m = preset ? FalconModel::random(falcon_preset_config(a.preset), device, 1,
+                                                 weight_quant(a.parallel))
                            : load_model(a.model_dir, device, a.parallel);
     if (preset) apply_kv_cache_dtype(m, a.parallel);
     m.set_cuda_graphs(graphs);
