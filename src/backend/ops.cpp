@@ -498,6 +498,21 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
   }
 }
 
+void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
+                         const std::vector<int32_t>& bitmask, int64_t words) {
+  expect("apply_token_bitmask", "logits", logits, DType::kF32, 2);
+  const int64_t n = logits.dim(0), vocab = logits.dim(1);
+  KESTREL_CHECK(words * 32 >= vocab && static_cast<int64_t>(bitmask.size()) ==
+                                           static_cast<int64_t>(rows.size()) * words,
+                "apply_token_bitmask: ", rows.size(), " rows of ", words, " words for vocab ",
+                vocab, ", bitmask of ", bitmask.size());
+  for (int32_t r : rows) {
+    KESTREL_CHECK(r >= 0 && r < n, "apply_token_bitmask: row ", r, " outside ", n);
+  }
+  if (rows.empty()) return;
+  KESTREL_DISPATCH(logits, apply_token_bitmask, logits, rows, bitmask, words);
+}
+
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
   expect("greedy_rows", "logits", logits, DType::kF32, 2);
   expect("greedy_rows", "ids", ids, DType::kI32, 1);

@@ -170,6 +170,12 @@ void argmax_rows(const Tensor& logits, Tensor& out);
 // (clamped at log(1e-38), as the host sampler). ids [N] I32, logprobs [N] F32.
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
 
+// Structured output: row rows[i] of logits [N, vocab] F32 keeps token j only where bit j % 32 of
+// word j / 32 of bitmask row i is set (the others become -inf). bitmask [rows.size(), words]
+// int32 on the host, words >= ceil(vocab / 32); it travels to the device in one copy with rows.
+void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
+                         const std::vector<int32_t>& bitmask, int64_t words);
+
 // Device memory as the driver sees it (free, total) and what kestrel's
 // allocator holds (reserved from the driver, in use, peak in use since the
 // last reset). All zero for the CPU.

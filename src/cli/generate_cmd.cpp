@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 
 #include <nlohmann/json.hpp>
@@ -46,7 +48,19 @@ struct GenerateArgs {
   float presence_penalty = 0.0f;
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  std::string json_schema_file;  // structured output: a JSON Schema file, or
+  std::string regex;             // a regular expression the output must match
 };
+
+// --json-schema FILE / --regex RE as the engine's constraint (checked when submitted).
+std::optional<grammar::Spec> constraint(const GenerateArgs& g) {
+  if (!g.regex.empty()) return grammar::Spec{grammar::Spec::Kind::kRegex, g.regex, "--regex"};
+  if (g.json_schema_file.empty()) return std::nullopt;
+  std::ifstream in(g.json_schema_file, std::ios::binary);
+  KESTREL_CHECK(in.good(), "--json-schema: cannot read ", g.json_schema_file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return grammar::Spec{grammar::Spec::Kind::kJsonSchema, text, "--json-schema"};
+}
 
 SamplingParams sampling_params(const GenerateArgs& g, size_t prompt_index) {
   SamplingParams p;
@@ -161,8 +175,10 @@ void run_generate(const GenerateArgs& g) {
     std::vector<GenerationRequest> requests;
     std::vector<std::shared_ptr<const LoraAdapter>> adapters(prompts.size());
     if (!g.adapters_file.empty()) adapters = load_adapters(*model, g.adapters_file, prompts.size());
+    const std::optional<grammar::Spec> spec = constraint(g);
+    KESTREL_CHECK(!spec || tok, "--json-schema / --regex need the model folder's tokenizer.json");
     for (size_t i = 0; i < prompts.size(); ++i)
-      requests.push_back({prompts[i], sampling_params(g, i), adapters[i]});
+      requests.push_back({prompts[i], sampling_params(g, i), adapters[i], spec});
     // Queued at once, so they start in one step and a run repeats exactly.
     const auto handles = engine.submit_all(std::move(requests));
     // All run together; prompt i's text streams once the ones before it ended.
@@ -243,6 +259,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", g.seed, "sampling seed (prompt i uses seed + i)");
   cmd->add_option("--stop", g.stop, "stop sequence, not part of the output (repeatable)");
   cmd->add_flag("--ignore-eos", g.ignore_eos, "do not stop at EOS");
+  auto* schema =
+      cmd->add_option("--json-schema", g.json_schema_file,
+                      "structured output: the text is JSON valid under this schema file");
+  cmd->add_option("--regex", g.regex, "structured output: the text matches this regex")
+      ->excludes(schema);
   cmd->add_flag("--json", g.json,
                 "print only {\"outputs\":[{\"token_ids\",\"text\",\"logprobs\",\"finish_reason\","
                 "\"seed\"}]}");

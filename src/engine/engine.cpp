@@ -115,6 +115,29 @@ std::vector<double> Engine::step_overhead_seconds() const {
   return impl_->step_overheads;
 }
 
+grammar::Compiler& Engine::Impl::compiler() {
+  std::call_once(grammar_once, [this] {
+    const FalconConfig& c = model->config();
+    grammar::Compiler::Options o;
+    o.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u));
+    grammar_compiler = std::make_unique<grammar::Compiler>(*tokenizer, c.vocab_size,
+                                                           static_cast<int32_t>(c.eos_token_id), o);
+    grammar_compiler->set_on_ready([this] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        grammar_ready = true;
+      }
+      cv.notify_all();
+    });
+  });
+  return *grammar_compiler;
+}
+
+std::optional<grammar::CompilerStats> Engine::grammar_stats() const {
+  if (!impl_->grammar_compiler) return std::nullopt;
+  return impl_->grammar_compiler->stats();
+}
+
 // Validates one request and makes its sequence (not yet queued).
 std::shared_ptr<Sequence> Engine::Impl::prepare(GenerationRequest req,
                                                 std::function<void(EngineEvent)> callback) {
@@ -175,6 +198,12 @@ std::shared_ptr<Sequence> Engine::Impl::prepare(GenerationRequest req,
     s->result.prompt_tokens.push_back(std::move(first));
   }
   if (s->params.best_of > 1) s->group = std::make_shared<BestOfGroup>();
+  if (req.constraint) {
+    if (!m.tokenizer) {
+      throw ValidationError(req.constraint->field, "structured output needs the model's tokenizer");
+    }
+    s->grammar_pending = m.compiler().compile(*req.constraint);  // checks it; compiles off-thread
+  }
   s->submitted = Clock::now();
   return s;
 }
@@ -320,7 +349,7 @@ void Engine::Impl::run() {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] {
         return stopping || !incoming.empty() || !cancels.empty() || !waiting.empty() ||
-               !running.empty();
+               !running.empty() || grammar_ready;
       });
       if (stopping) break;
     }
@@ -338,7 +367,7 @@ void Engine::Impl::run() {
   }
   // Shutdown: every unfinished request ends with an error.
   std::lock_guard<std::mutex> lock(mu);
-  for (auto* q : {&incoming, &waiting}) {
+  for (auto* q : {&incoming, &compiling, &waiting}) {
     for (auto& s : *q)
       fail(s, "the server is shutting down: the request did not finish in time",
            ErrorKind::kUnavailable);

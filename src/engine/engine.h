@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "grammar/constraint.h"
 
 namespace kestrel {
 
@@ -51,6 +52,11 @@ struct EngineStats {
   int64_t last_batch_size = 0;  // sequences in the last step
   double step_seconds = 0;      // model time over all steps
   double schedule_seconds = 0;  // scheduler + sampling time over all steps
+  // Structured output: requests waiting for their grammar's compile, and the time spent filling
+  // token bitmasks (rows constrained, over all steps).
+  int64_t grammar_compiling = 0;
+  int64_t grammar_masked_rows = 0;
+  double grammar_mask_seconds = 0;
 };
 
 // The consumer's side of one request. Events arrive in order: kToken*, then
@@ -101,6 +107,8 @@ class Engine {
   void cancel(uint64_t request_id);
 
   EngineStats stats() const;
+  // Structured output's compile counts and times; nullopt before the first constrained request.
+  std::optional<grammar::CompilerStats> grammar_stats() const;
   // Seconds each step spent in the engine outside the model's forward
   // (scheduling, batch building, sampling, stop checks), one per step so far.
   std::vector<double> step_overhead_seconds() const;

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "grammar/constraint.h"
 #include "kv/block_allocator.h"
 #include "kv/kv_cache.h"
 #include "text/tokenizer.h"
@@ -49,7 +50,10 @@ struct Sequence {
   bool started = false;
   int64_t admitted_order = 0;
   std::shared_ptr<BestOfGroup> group;  // best_of > 1
-  bool forked = false;                 // the best_of candidates were created
+  // Structured output: the compile it waits for, then its matcher (from the first step on).
+  std::shared_ptr<grammar::Pending> grammar_pending;
+  std::shared_ptr<grammar::Matcher> matcher;
+  bool forked = false;  // the best_of candidates were created
 
   // Prompt logprobs asked for and not all computed yet.
   bool wants_prompt_logprobs() const {
@@ -75,6 +79,7 @@ struct Engine::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::deque<std::shared_ptr<Sequence>> incoming;
+  bool grammar_ready = false;  // a compile finished: the loop looks at `compiling`
   std::vector<uint64_t> cancels;
   bool stopping = false;
   bool accepting = true;
@@ -82,7 +87,13 @@ struct Engine::Impl {
   EngineStats stats;
   std::vector<double> step_overheads;  // seconds outside forward, per step (bounded)
 
+  // Structured output's compiler, made at the first constrained request.
+  std::once_flag grammar_once;
+  std::unique_ptr<grammar::Compiler> grammar_compiler;
+  grammar::Compiler& compiler();
+
   // Owned by the loop thread.
+  std::deque<std::shared_ptr<Sequence>> compiling;  // waiting for their grammar's compile
   std::deque<std::shared_ptr<Sequence>> waiting;
   std::vector<std::shared_ptr<Sequence>> running;
   int64_t admit_counter = 0;
@@ -91,6 +102,10 @@ struct Engine::Impl {
   void run();
   bool step();
   void cancel_requested(const std::vector<uint64_t>& ids);
+  void admit_compiled();  // moves sequences whose grammar is ready from compiling to waiting
+  // Fills the bitmasks of the constrained rows among `sampled` (logits row of each: rows).
+  void fill_grammar_masks(const std::vector<StepWork*>& sampled, std::vector<int32_t>& rows,
+                          std::vector<int32_t>& bitmask);
   std::vector<StepWork> schedule();
   void forward_and_sample(std::vector<StepWork>& work);
   void record_prompt_logprobs(const StepWork& w, const float* logits, int64_t vocab);

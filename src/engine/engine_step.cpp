@@ -62,7 +62,46 @@ void Engine::Impl::cancel_requested(const std::vector<uint64_t>& ids) {
   for (uint64_t id : ids) {
     cancel_in(running, id);
     cancel_in(waiting, id);
+    cancel_in(compiling, id);
   }
+}
+
+void Engine::Impl::admit_compiled() {
+  for (auto it = compiling.begin(); it != compiling.end();) {
+    const std::shared_ptr<Sequence> s = *it;
+    if (!s->grammar_pending->ready()) {
+      ++it;
+      continue;
+    }
+    it = compiling.erase(it);
+    const std::shared_ptr<const grammar::Compiled> g = s->grammar_pending->grammar();
+    s->grammar_pending.reset();
+    if (!g) {
+      fail(s, "the request's constraint could not be compiled", ErrorKind::kInvalidArgument);
+      continue;
+    }
+    s->matcher = std::make_shared<grammar::Matcher>(g);
+    waiting.push_back(s);
+  }
+}
+
+void Engine::Impl::fill_grammar_masks(const std::vector<StepWork*>& sampled,
+                                      std::vector<int32_t>& rows, std::vector<int32_t>& bitmask) {
+  std::vector<grammar::Matcher*> matchers;
+  for (const StepWork* w : sampled) {
+    if (!w->seq->matcher) continue;
+    matchers.push_back(w->seq->matcher.get());
+    rows.push_back(static_cast<int32_t>(w->first_row + w->row_positions.size() - 1));
+  }
+  if (matchers.empty()) return;
+  const auto t0 = Clock::now();
+  const int64_t words = grammar_compiler->bitmask_words();
+  bitmask.assign(matchers.size() * words, 0);
+  const int threads = static_cast<int>(std::clamp<size_t>(
+      std::min<size_t>(matchers.size(), std::thread::hardware_concurrency() / 2), 1, 8));
+  grammar::fill_bitmasks(matchers, bitmask.data(), words, threads);
+  stats.grammar_masked_rows += static_cast<int64_t>(matchers.size());
+  stats.grammar_mask_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 // Picks this step's work: running sequences first (oldest first, preempting
@@ -171,6 +210,7 @@ std::vector<std::shared_ptr<Sequence>> Engine::Impl::fork_best_of(
     c->rng.seed(s->result.seed + static_cast<uint64_t>(i));
     c->result.seed = s->result.seed + static_cast<uint64_t>(i);
     c->admitted_order = admit_counter++;
+    if (s->matcher) c->matcher = std::make_shared<grammar::Matcher>(s->matcher->fork());
     ++s->group->remaining;
     children.push_back(std::move(c));
   }
@@ -179,11 +219,21 @@ std::vector<std::shared_ptr<Sequence>> Engine::Impl::fork_best_of(
 
 void Engine::Impl::after_sample(const std::shared_ptr<Sequence>& s, const SampledToken& t) {
   const int32_t eos = static_cast<int32_t>(model->config().eos_token_id);
+  if (s->matcher && !s->matcher->accept(t.id)) {  // the mask allowed it: a fault of ours
+    running.erase(std::find(running.begin(), running.end(), s));
+    free_blocks(*s);
+    fail(s, "structured output: the sampled token broke the grammar", ErrorKind::kInternal);
+    return;
+  }
   const size_t text_before = s->result.text.size();
   append_token(s, t);
   ++stats.generated_tokens;
   std::optional<FinishReason> done;
   if (t.id == eos && !s->params.ignore_eos) done = FinishReason::kEosToken;
+  // A complete grammar allows only the end of sequence, even under ignore_eos.
+  if (s->matcher && s->matcher->terminated()) done = FinishReason::kEosToken;
+  // The end-of-sequence token ends the text; it is not part of it (TGI's generated_text).
+  if (done == FinishReason::kEosToken) s->result.text.resize(text_before);
   for (const std::string& stop : s->params.stop) {
     if (done) break;
     const size_t from = text_before >= stop.size() ? text_before - stop.size() + 1 : 0;
@@ -240,9 +290,15 @@ void Engine::Impl::forward_and_sample(std::vector<StepWork>& work) {
   const bool no_rows = b.lm_head_indices.empty();
   if (no_rows) b.lm_head_indices.push_back(0);  // cache-only step
   const auto t_model = Clock::now();
-  const Tensor dev_logits = model->forward_device(b, *cache);
+  Tensor dev_logits = model->forward_device(b, *cache);
+  // Structured output: the bitmasks fill on this thread while the device runs the forward.
+  std::vector<int32_t> mask_rows, bitmask;
+  if (!no_rows) fill_grammar_masks(sampled, mask_rows, bitmask);
   ops::synchronize(model->device());
   stats.step_seconds += std::chrono::duration<double>(Clock::now() - t_model).count();
+  if (!mask_rows.empty()) {
+    ops::apply_token_bitmask(dev_logits, mask_rows, bitmask, grammar_compiler->bitmask_words());
+  }
   // On a GPU a step of next-token rows only (no prompt logprobs, no best_of fork)
   // samples there: only ids, logprobs and alternatives come back (sample_rows).
   bool on_device =
@@ -295,11 +351,13 @@ bool Engine::Impl::step() {
   std::vector<uint64_t> to_cancel;
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (auto& s : incoming) waiting.push_back(std::move(s));
+    for (auto& s : incoming) (s->grammar_pending ? compiling : waiting).push_back(std::move(s));
     incoming.clear();
     to_cancel.swap(cancels);
+    grammar_ready = false;
   }
   cancel_requested(to_cancel);
+  if (!compiling.empty()) admit_compiled();
   std::vector<StepWork> work = schedule();
   double overhead = 0.0;
   if (!work.empty()) {
@@ -316,7 +374,8 @@ bool Engine::Impl::step() {
   if (!work.empty() && step_overheads.size() < (size_t{1} << 20)) {
     step_overheads.push_back(overhead);
   }
-  stats.queue_length = static_cast<int64_t>(waiting.size() + incoming.size());
+  stats.queue_length = static_cast<int64_t>(waiting.size() + incoming.size() + compiling.size());
+  stats.grammar_compiling = static_cast<int64_t>(compiling.size());
   stats.running = static_cast<int64_t>(running.size());
   stats.kv_blocks_free = alloc->num_free();
   stats.kv_blocks_cached = alloc->num_cached_free();

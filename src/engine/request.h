@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/sampling_params.h"
+#include "grammar/constraint.h"
 
 namespace kestrel {
 
@@ -20,6 +22,9 @@ struct GenerationRequest {
   // LoRA (docs/lora.md): the adapter this request runs under (made by the engine's model's
   // load_adapter / random_adapter), or null for the base model.
   std::shared_ptr<const LoraAdapter> adapter;
+  // Structured output (docs/structured-output.md): what the generated text must match. The
+  // request waits for its compile (never the batch), and ends when the grammar is complete.
+  std::optional<grammar::Spec> constraint;
 };
 
 enum class FinishReason : uint8_t { kLength, kEosToken, kStopSequence, kCancelled };

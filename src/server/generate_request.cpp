@@ -4,12 +4,19 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "server/response_format.h"
 
 namespace kestrel::server {
 namespace {
 
 [[noreturn]] void invalid(const char* field, const std::string& message) {
   throw ValidationError(field, message);
+}
+
+const json& member_or_null(const json& obj, const char* key) {
+  static const json kNull;
+  auto it = obj.find(key);
+  return it == obj.end() ? kNull : *it;
 }
 
 std::string num(double v) {
@@ -19,8 +26,7 @@ std::string num(double v) {
 
 // Parameters the engine cannot honour yet: accepted when absent, null or false.
 void refuse_unsupported(const json& p) {
-  for (const char* field :
-       {"merged_adapters", "adapter_parameters", "api_token", "response_format", "grammar"}) {
+  for (const char* field : {"merged_adapters", "adapter_parameters", "api_token"}) {
     auto it = p.find(field);
     if (it != p.end() && !it->is_null())
       invalid(field, std::string("`") + field + "` is not supported yet");
@@ -124,6 +130,11 @@ GenerateParams parse_generate_request(const json& body, bool stream, const Reque
   const json& p = *pp;
   refuse_unsupported(p);
   g.adapter = parse_adapter(p);
+  const json& rf = member_or_null(p, "response_format");
+  const json& gr = member_or_null(p, "grammar");
+  if (!rf.is_null() && !gr.is_null())
+    invalid("grammar", "give `response_format` or `grammar`, not both");
+  g.constraint = rf.is_null() ? parse_tgi_grammar(gr) : parse_lorax_response_format(rf);
 
   SamplingInput s;
   s.do_sample = opt_bool(p, "do_sample").value_or(false);

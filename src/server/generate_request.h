@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/sampling_params.h"
+#include "grammar/constraint.h"
 #include "lora/adapter_store.h"
 #include "server/json_util.h"
 
@@ -38,8 +39,9 @@ struct GenerateParams {
   bool details = false;
   bool decoder_input_details = false;
   bool return_full_text = false;
-  std::optional<int64_t> truncate;    // keep the last N prompt tokens
-  std::optional<AdapterRef> adapter;  // adapter_id (null or "": the base model)
+  std::optional<int64_t> truncate;          // keep the last N prompt tokens
+  std::optional<AdapterRef> adapter;        // adapter_id (null or "": the base model)
+  std::optional<grammar::Spec> constraint;  // response_format or grammar (structured output)
 };
 
 // Parses `body` (an object). `stream` is the route's default (/generate_stream

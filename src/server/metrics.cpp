@@ -212,12 +212,40 @@ std::string Metrics::render(const EngineStats& s) const {
       {"kestrel_engine_step_seconds_total", "counter", "Model time over all steps", s.step_seconds},
       {"kestrel_engine_schedule_seconds_total", "counter", "Scheduling and sampling time",
        s.schedule_seconds},
+      {"kestrel_grammar_compiling", "gauge", "Requests waiting for their grammar's compile",
+       double(s.grammar_compiling)},
+      {"kestrel_grammar_masked_rows_total", "counter", "Constrained rows masked",
+       double(s.grammar_masked_rows)},
+      {"kestrel_grammar_mask_seconds_total", "counter", "Time filling token bitmasks",
+       s.grammar_mask_seconds},
   };
   for (const auto& g : gauges) {
     header(out, g.name, g.type, g.help);
     sample(out, g.name, g.v);
   }
   return out;
+}
+
+void Metrics::render_grammar(const grammar::CompilerStats& g, std::string& out) {
+  header(out, "kestrel_grammar_compiles_total", "counter", "Grammars compiled (cache misses)");
+  sample(out, "kestrel_grammar_compiles_total", double(g.compiles));
+  header(out, "kestrel_grammar_compile_failures_total", "counter", "Grammar compiles that failed");
+  sample(out, "kestrel_grammar_compile_failures_total", double(g.failures));
+  header(out, "kestrel_grammar_cache_hits_total", "counter",
+         "Constrained requests served by a cached or in-flight compile");
+  sample(out, "kestrel_grammar_cache_hits_total", double(g.cache_hits));
+  // Quantiles over the last compiles (at most 1024).
+  std::vector<double> t = g.recent_seconds;
+  std::sort(t.begin(), t.end());
+  header(out, "kestrel_grammar_compile_seconds", "summary", "Grammar compile time (recent)");
+  for (double q : {0.5, 0.9, 0.99}) {
+    const double v = t.empty() ? 0.0 : t[std::min(t.size() - 1, size_t(q * double(t.size())))];
+    out += "kestrel_grammar_compile_seconds{quantile=\"" + fmt(q) + "\"} " + fmt(v) + "\n";
+  }
+  double sum = 0;
+  for (double v : t) sum += v;
+  sample(out, "kestrel_grammar_compile_seconds_sum", sum);
+  sample(out, "kestrel_grammar_compile_seconds_count", double(t.size()));
 }
 
 }  // namespace kestrel::server

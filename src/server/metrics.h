@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "grammar/constraint.h"
+
 namespace kestrel {
 struct EngineStats;
 }
@@ -60,6 +62,8 @@ class Metrics {
 
   // The full exposition, with the engine's gauges.
   std::string render(const EngineStats& stats) const;
+  // Structured output's compile figures (once a constrained request has arrived).
+  static void render_grammar(const grammar::CompilerStats& stats, std::string& out);
 
  private:
   mutable std::mutex mu_;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "server/generate_response.h"
+#include "server/response_format.h"
 #include "text/tokenizer.h"
 
 namespace kestrel::server {
@@ -33,11 +34,7 @@ void parse_common(const json& body, const RequestLimits& limits, OpenAiRequest& 
     if (it != body.end() && !it->is_null() && !(it->is_array() && it->empty()))
       invalid(field, std::string("`") + field + "` is not supported yet");
   }
-  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    if (!(it->is_object() && string_is(*it, "type", "text")))
-      invalid("response_format",
-              "`response_format` is not supported yet (only {\"type\": \"text\"})");
-  }
+  r.constraint = parse_openai_response_format(member_or_null(body, "response_format"));
   if (auto it = body.find("logit_bias");
       it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
     invalid("logit_bias", "`logit_bias` is not supported yet");

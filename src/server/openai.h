@@ -35,6 +35,7 @@ struct OpenAiRequest {
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage only
   int32_t logprobs = -1;       // -1: none; else alternatives per token (completions: 0..5)
   bool echo = false;           // completions: prompt text before the completion
+  std::optional<grammar::Spec> constraint;  // response_format (structured output)
 };
 
 OpenAiRequest parse_completion_request(const json& body, const RequestLimits& limits);

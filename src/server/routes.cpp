@@ -220,6 +220,7 @@ Routed Api::dispatch(const std::string& method, const std::string& path, const s
     Reply r;
     r.content_type = "text/plain; version=0.0.4";
     r.body = metrics_.render(engine_.stats());
+    if (auto g = engine_.grammar_stats()) Metrics::render_grammar(*g, r.body);
     return answer(std::move(r));
   }
   if (get && (path == "/docs" || path == "/openapi.json" || path == "/api-doc/openapi.json")) {
@@ -252,6 +253,7 @@ Routed Api::generate(const std::string& body, bool stream_default, bool from_roo
   }
   r.request.prompt_ids = std::move(ids);
   r.request.params = g.sampling;
+  r.request.constraint = g.constraint;
   const int32_t eos = tokenizer_.eos_id().value_or(-1);
   r.job = make_tgi_job(std::move(g), from_root, &tokenizer_, eos);
   return r;
@@ -279,6 +281,7 @@ Routed Api::completions(const std::string& body) {
   if (r.adapter) check_adapter(*r.adapter, "model");
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
+  r.request.constraint = req.constraint;
   OpenAiContext ctx{"cmpl-" + std::to_string(next_id_++), unix_now(),
                     r.adapter ? r.adapter->id : options_.model_id, &tokenizer_};
   r.job = make_openai_job(std::move(req), std::move(ctx));
@@ -296,6 +299,7 @@ Routed Api::chat(const std::string& body) {
   if (r.adapter) check_adapter(*r.adapter, "model");
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
+  r.request.constraint = req.constraint;
   OpenAiContext ctx{"chatcmpl-" + std::to_string(next_id_++), unix_now(),
                     r.adapter ? r.adapter->id : options_.model_id, &tokenizer_};
   r.job = make_openai_job(std::move(req), std::move(ctx));

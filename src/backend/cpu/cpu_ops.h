@@ -29,6 +29,8 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
                      const Tensor& block_tables, const Tensor& cu_q, const Tensor& kv_lens,
                      int32_t max_kv_len, float scale, Tensor& out, const Tensor& alibi_slopes);
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out);
+void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
+                         const std::vector<int32_t>& bitmask, int64_t words);
 void lora_add(const Tensor& x, const std::vector<ops::LoraSegment>& segments, Tensor& out);
 
 }  // namespace kestrel::cpu

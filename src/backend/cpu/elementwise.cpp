@@ -39,6 +39,18 @@ void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out) {
   for (int64_t i = 0; i < n; ++i) po[i] = pc ? pa[i] + pb[i] + pc[i] : pa[i] + pb[i];
 }
 
+void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
+                         const std::vector<int32_t>& bitmask, int64_t words) {
+  const int64_t vocab = logits.dim(1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* row = logits.data<float>() + rows[i] * vocab;
+    const int32_t* mask = bitmask.data() + static_cast<int64_t>(i) * words;
+    for (int64_t j = 0; j < vocab; ++j) {
+      if (((static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 1u) == 0) row[j] = -INFINITY;
+    }
+  }
+}
+
 void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   const int64_t n = indices.dim(0), rows = x.dim(0);
   const size_t row_bytes = static_cast<size_t>(x.dim(1)) * dtype_size(x.dtype());

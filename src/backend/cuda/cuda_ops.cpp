@@ -256,6 +256,20 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
   CUDA_CHECK_LAUNCH();
 }
 
+void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
+                         const std::vector<int32_t>& bitmask, int64_t words) {
+  need("apply_token_bitmask", "logits", logits, DType::kF32);
+  // Rows and masks in one upload.
+  std::vector<int32_t> packed(rows);
+  packed.insert(packed.end(), bitmask.begin(), bitmask.end());
+  Tensor h = Tensor::borrow(packed.data(), DType::kI32, {static_cast<int64_t>(packed.size())});
+  Tensor d = Tensor::empty(DType::kI32, h.shape(), Device::kCuda);
+  copy(h, d);
+  kernels::apply_token_bitmask(logits.data<float>(), logits.dim(1), d.data<int32_t>(),
+                               static_cast<int64_t>(rows.size()), words, stream());
+  CUDA_CHECK_LAUNCH();
+}
+
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
   need("greedy_rows", "logits", logits, DType::kF32);
   need("greedy_rows", "ids", ids, DType::kI32);

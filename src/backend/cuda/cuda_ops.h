@@ -81,6 +81,8 @@ ops::LoraTableEntry lora_table_entry(const ops::LoraSegment& s, int64_t in);
 void lora_add_table(const Tensor& x, const void* table, int n_entries, int max_r, Tensor& out);
 void argmax_rows(const Tensor& logits, Tensor& out);
 void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs);
+void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
+                         const std::vector<int32_t>& bitmask, int64_t words);
 // ops::sample_on_device (sampling.cpp).
 std::vector<ops::SampleResult> sample_on_device(const Tensor& logits,
                                                 const std::vector<ops::SampleSpec>& rows,

@@ -514,6 +514,24 @@ void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cu
   pdl_launch(argmax_kernel, static_cast<unsigned>(n), 1024, 0, s, logits, vocab, out);
 }
 
+// One thread per (token, masked row): packed = [rows | bitmask rows of `words`].
+__global__ void token_bitmask_kernel(float* logits, int64_t vocab, const int32_t* packed, int64_t n,
+                                     int64_t words) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = blockIdx.y;
+  if (j >= vocab) return;
+  const uint32_t word = static_cast<uint32_t>(packed[n + i * words + (j >> 5)]);
+  if (((word >> (j & 31)) & 1u) == 0)
+    logits[static_cast<int64_t>(packed[i]) * vocab + j] = -INFINITY;
+}
+
+void apply_token_bitmask(float* logits, int64_t vocab, const int32_t* packed, int64_t n,
+                         int64_t words, cudaStream_t s) {
+  if (n == 0) return;
+  const dim3 grid(static_cast<unsigned>((vocab + 255) / 256), static_cast<unsigned>(n));
+  token_bitmask_kernel<<<grid, 256, 0, s>>>(logits, vocab, packed, n, words);
+}
+
 void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
                  cudaStream_t s) {
   if (n == 0) return;

@@ -39,6 +39,10 @@ void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, i
                  void* out, cudaStream_t s);
 // out [n] = argmax of each row of logits [n, vocab] F32 (first on ties).
 void argmax_rows(const float* logits, int64_t n, int64_t vocab, int32_t* out, cudaStream_t s);
+// packed = [rows (n) | bitmask (n x words)] I32: logits[rows[i], j] = -inf where bit j of
+// bitmask row i is clear.
+void apply_token_bitmask(float* logits, int64_t vocab, const int32_t* packed, int64_t n,
+                         int64_t words, cudaStream_t s);
 // ids [n] = argmax of each row of logits [n, vocab] F32, logprobs [n] its log-softmax.
 void greedy_rows(const float* logits, int64_t n, int64_t vocab, int32_t* ids, float* logprobs,
                  cudaStream_t s);
