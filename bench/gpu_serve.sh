@@ -67,6 +67,16 @@ case ,$STEPS, in *,serve,*)
     echo "warm-up rc=$? $(cut -c1-300 "$OUT/warmup.json")"
     timeout 240 python3 bench/serve_load.py --url http://127.0.0.1:$PORT $LOAD_ARGS --json "$OUT/load.json"
     echo "load rc=$?"
+    # LOAD2_ARGS: a second run on the same warm server (e.g. half the streams under a JSON schema:
+    # "--schema bench/schemas/orders.json --constrained 0.5 --new-schemas 8"), then the first again.
+    if [ -n "${LOAD2_ARGS:-}" ]; then
+      timeout 240 python3 bench/serve_load.py --url http://127.0.0.1:$PORT $LOAD_ARGS $LOAD2_ARGS \
+        --json "$OUT/load2.json"
+      echo "load2 rc=$?"
+      timeout 240 python3 bench/serve_load.py --url http://127.0.0.1:$PORT $LOAD_ARGS --seed 7 \
+        --json "$OUT/load3.json"
+      echo "load (again) rc=$?"
+    fi
     python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
       >"$OUT/metrics.txt" 2>&1
     grep -E "^kestrel_(steps|generated|preempt|step_seconds|schedule)" "$OUT/metrics.txt" | head

@@ -119,7 +119,8 @@ grammar::Compiler& Engine::Impl::compiler() {
   std::call_once(grammar_once, [this] {
     const FalconConfig& c = model->config();
     grammar::Compiler::Options o;
-    o.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u));
+    // Workers: several new schemas at once each compile on their own (up to 8).
+    o.threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
     grammar_compiler = std::make_unique<grammar::Compiler>(*tokenizer, c.vocab_size,
                                                            static_cast<int32_t>(c.eos_token_id), o);
     grammar_compiler->set_on_ready([this] {

@@ -238,9 +238,10 @@ void Metrics::render_grammar(const grammar::CompilerStats& g, std::string& out) 
   std::vector<double> t = g.recent_seconds;
   std::sort(t.begin(), t.end());
   header(out, "kestrel_grammar_compile_seconds", "summary", "Grammar compile time (recent)");
-  for (double q : {0.5, 0.9, 0.99}) {
+  for (const auto& [q, label] : {std::pair{0.5, "0.5"}, {0.9, "0.9"}, {0.99, "0.99"}}) {
     const double v = t.empty() ? 0.0 : t[std::min(t.size() - 1, size_t(q * double(t.size())))];
-    out += "kestrel_grammar_compile_seconds{quantile=\"" + fmt(q) + "\"} " + fmt(v) + "\n";
+    out += std::string("kestrel_grammar_compile_seconds{quantile=\"") + label + "\"} " + fmt(v) +
+           "\n";
   }
   double sum = 0;
   for (double v : t) sum += v;
