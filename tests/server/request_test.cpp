@@ -103,8 +103,7 @@ TEST(GenerateRequest, ValidationNamesTheField) {
 TEST(GenerateRequest, UnsupportedYet) {
   for (const char* body :
        {R"({"inputs": "x", "parameters": {"merged_adapters": {"ids": ["a", "b"]}}})",
-        R"({"inputs": "x", "parameters": {"watermark": true}})",
-        R"({"inputs": "x", "parameters": {"response_format": {"type": "json_object"}}})"}) {
+        R"({"inputs": "x", "parameters": {"watermark": true}})"}) {
     try {
       parse(body);
       ADD_FAILURE() << body;
@@ -116,6 +115,47 @@ TEST(GenerateRequest, UnsupportedYet) {
             "merged_adapters");
   EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"adapter_parameters": {"ids": []}}})"),
             "adapter_parameters");
+}
+
+TEST(GenerateRequest, StructuredOutputShapes) {
+  using Kind = grammar::Spec::Kind;
+  GenerateParams g =
+      parse(R"({"inputs": "x", "parameters": {"response_format": {"type": "json_object"}}})");
+  ASSERT_TRUE(g.constraint);
+  EXPECT_EQ(g.constraint->kind, Kind::kJsonObject);
+  g = parse(R"({"inputs": "x", "parameters": {"response_format":
+      {"type": "json_schema", "schema": {"type": "integer"}}}})");
+  ASSERT_TRUE(g.constraint);
+  EXPECT_EQ(g.constraint->kind, Kind::kJsonSchema);
+  EXPECT_EQ(g.constraint->text, R"({"type":"integer"})");
+  EXPECT_EQ(g.constraint->field, "response_format.schema");
+  g = parse(
+      R"({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{\"type\": \"string\"}"}}})");
+  ASSERT_TRUE(g.constraint);
+  EXPECT_EQ(g.constraint->text, R"({"type":"string"})");
+  EXPECT_EQ(g.constraint->field, "grammar.value");
+  g = parse(R"({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "[a-z]+"}}})");
+  ASSERT_TRUE(g.constraint);
+  EXPECT_EQ(g.constraint->kind, Kind::kRegex);
+  EXPECT_EQ(g.constraint->text, "[a-z]+");
+  EXPECT_FALSE(
+      parse(R"({"inputs": "x", "parameters": {"response_format": {"type": "text"}}})").constraint);
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"response_format": {"type": "xml"}}})"),
+            "response_format.type");
+  EXPECT_EQ(
+      field_of(R"({"inputs": "x", "parameters": {"response_format": {"type": "json_schema"}}})"),
+      "response_format.schema");
+  EXPECT_EQ(
+      field_of(R"({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": 3}}})"),
+      "grammar.value");
+  EXPECT_EQ(
+      field_of(R"({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{"}}})"),
+      "grammar.value");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "a"},
+      "response_format": {"type": "json_object"}}})"),
+            "grammar");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"response_format": "json"}})"),
+            "response_format");
 }
 
 TEST(GenerateRequest, AdapterIdAndSource) {
@@ -307,6 +347,31 @@ TEST(OpenAi, Chat) {
               R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})"),
           limits),
       ValidationError);
+}
+
+TEST(OpenAi, ResponseFormat) {
+  RequestLimits limits;
+  auto chat = [&](const std::string& rf) {
+    return parse_chat_request(
+        parse_json_object(
+            R"({"messages": [{"role": "user", "content": "x"}], "response_format": )" + rf + "}"),
+        limits);
+  };
+  EXPECT_FALSE(chat(R"({"type": "text"})").constraint);
+  EXPECT_EQ(chat(R"({"type": "json_object"})").constraint->kind, grammar::Spec::Kind::kJsonObject);
+  const OpenAiRequest r = chat(
+      R"({"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": "boolean"}}})");
+  ASSERT_TRUE(r.constraint);
+  EXPECT_EQ(r.constraint->text, R"({"type":"boolean"})");
+  EXPECT_EQ(r.constraint->field, "response_format.json_schema.schema");
+  for (const char* bad :
+       {R"({"type": "json_schema"})", R"({"type": "json_schema", "json_schema": {}})",
+        R"({"type": "yaml"})", R"("json")", R"({"type": 1})"}) {
+    EXPECT_THROW(chat(bad), ValidationError) << bad;
+  }
+  const OpenAiRequest c = parse_completion_request(
+      parse_json_object(R"({"prompt": "x", "response_format": {"type": "json_object"}})"), limits);
+  ASSERT_TRUE(c.constraint);
 }
 
 }  // namespace

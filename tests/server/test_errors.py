@@ -40,7 +40,9 @@ def assert_validation(r, field):
     ({"adapter_id": 7}, "adapter_id"),
     ({"adapter_id": "a", "adapter_source": "s3"}, "adapter_source"),
     ({"merged_adapters": {"ids": ["a", "b"]}}, "merged_adapters"),
-    ({"response_format": {"type": "json_object", "schema": {}}}, "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
+    ({"response_format": {"type": "json_object", "schema": {"uniqueItems": True}}}, "uniqueItems"),
+    ({"grammar": {"type": "regex", "value": "(unclosed"}}, "grammar"),
     ({"watermark": True}, "watermark"),
 ])
 def test_bad_parameters(url, params, field):
@@ -48,7 +50,7 @@ def test_bad_parameters(url, params, field):
 
 
 def test_not_supported_yet_message(url):
-    for params in ({"merged_adapters": {"ids": ["a"]}}, {"watermark": True}, {"response_format": {"type": "json_object"}}):
+    for params in ({"merged_adapters": {"ids": ["a"]}}, {"watermark": True}):
         r = post(url, "/generate", {"inputs": "Hello", "parameters": params})
         assert "not supported yet" in r.json()["error"]
 
