@@ -81,13 +81,10 @@ xgrammar::TokenizerInfo tokenizer_info(const text::Tokenizer& tok, int64_t vocab
                                  std::vector<int32_t>{eos});
 }
 
-// The text requests with the same constraint share: JSON schemas in nlohmann's canonical dump
-// (sorted keys), so that key order and whitespace do not split the cache.
-std::string cache_key(const Spec& spec, const nlohmann::json* schema) {
-  std::string key = kind_name(spec.kind);
-  key += '\n';
-  key += schema ? schema->dump() : spec.text;
-  return key;
+// The text requests with the same constraint share: a JSON schema compact, in its own key order
+// (the order of `properties` is the order of the output), so whitespace does not split the cache.
+std::string cache_key(const Spec& spec, const std::string& text) {
+  return std::string(kind_name(spec.kind)) + '\n' + text;
 }
 
 }  // namespace
@@ -191,13 +188,14 @@ CompilerStats Compiler::stats() const {
 
 std::shared_ptr<Pending> Compiler::compile(const Spec& spec) {
   // Check and canonicalise on the caller's thread: a bad constraint is the request's 422.
-  std::optional<nlohmann::json> schema;
+  std::string text = spec.text;
   if (spec.kind == Spec::Kind::kJsonSchema) {
-    schema = nlohmann::json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
-    if (schema->is_discarded()) throw ValidationError(spec.field, "the schema is not valid JSON");
-    check_json_schema(*schema, spec.field);
+    const nlohmann::json schema = nlohmann::json::parse(spec.text, nullptr, false);
+    if (schema.is_discarded()) throw ValidationError(spec.field, "the schema is not valid JSON");
+    check_json_schema(schema, spec.field);
+    text = nlohmann::ordered_json::parse(spec.text).dump();
   }
-  const std::string key = cache_key(spec, schema ? &*schema : nullptr);
+  const std::string key = cache_key(spec, text);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->index.find(key);
@@ -214,7 +212,7 @@ std::shared_ptr<Pending> Compiler::compile(const Spec& spec) {
         case Spec::Kind::kJsonSchema:
           // Compact JSON with Python's separators (", ", ": "): no whitespace runs for a model to
           // loop in; strict: no properties or items the schema does not name.
-          return xgrammar::Grammar::FromJSONSchema(schema->dump(), /*any_whitespace=*/false);
+          return xgrammar::Grammar::FromJSONSchema(text, /*any_whitespace=*/false);
         case Spec::Kind::kJsonObject:
           return xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})",
                                                    /*any_whitespace=*/false, std::nullopt,

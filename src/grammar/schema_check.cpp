@@ -46,14 +46,10 @@ unsigned type_mask(const json& type) {
   static const std::map<std::string, unsigned> kNames = {
       {"null", kNull},     {"boolean", kBoolean}, {"object", kObject}, {"array", kArray},
       {"number", kNumber}, {"integer", kInteger}, {"string", kString}};
-  auto one = [](const json& name) -> unsigned {
-    return name.is_string() && kNames.count(name) ? kNames.at(name) : 0;
-  };
-  if (!type.is_array()) return one(type);
   unsigned mask = 0;
-  for (const auto& name : type) {
-    if (!one(name)) return 0;
-    mask |= one(name);
+  for (const auto& name : type.is_array() ? type : json::array({type})) {
+    if (!name.is_string() || !kNames.count(name.get<std::string>())) return 0;
+    mask |= kNames.at(name.get<std::string>());
   }
   return mask;
 }
@@ -75,19 +71,7 @@ bool has_type(const json& v, unsigned types) {
                                    : kObject);
 }
 
-// ---- oneOf: which oneOfs xgrammar proves exclusive. ----
-
-bool has_applicator(const json& s) {
-  return s.contains("$ref") || s.contains("anyOf") || s.contains("allOf") || s.contains("oneOf");
-}
-
-// The values of a const or a non-empty enum (TryGetFiniteValues).
-std::optional<std::vector<json>> finite_values(const json& s) {
-  if (s.contains("const")) return std::vector<json>{s["const"]};
-  if (s.contains("enum") && s["enum"].is_array() && !s["enum"].empty())
-    return s["enum"].get<std::vector<json>>();
-  return std::nullopt;
-}
+// ---- oneOf: which oneOfs xgrammar proves exclusive (TryProvePairwiseDisjointOneOf). ----
 
 // xgrammar's JSONValuesMayOverlap, more cautious about arrays and objects: two numbers differ only
 // when both are int64.
@@ -98,11 +82,28 @@ bool may_overlap(const json& a, const json& b) {
   return a.type() == b.type() && (a.is_structured() || a == b);
 }
 
-// A oneOf branch as xgrammar's proof sees it: finite values, or a set of non-object types.
+// A oneOf branch as ClassifyTypeOrFiniteOneOfArm sees it: the values of a const or an enum, or a
+// set of non-object types (types != 0).
 struct Arm {
   std::vector<json> values;
   unsigned types = 0;
 };
+
+// nullopt for a branch with anything else than const, enum, or `type` and xgrammar's annotations
+// (ours less $id and $defs). The branches were checked before: an enum is a non-empty array.
+std::optional<Arm> classify(const json& s) {
+  if (!s.is_object() || s.contains("$ref") || s.contains("anyOf") || s.contains("allOf") ||
+      s.contains("oneOf"))
+    return std::nullopt;
+  if (s.contains("const")) return Arm{{s["const"]}};
+  if (s.contains("enum")) return Arm{s["enum"].get<std::vector<json>>()};
+  for (const auto& [k, v] : s.items())
+    if (k != "type" && (keyword_types(k) != 0 || k == "$id" || k == "$defs" || k == "definitions"))
+      return std::nullopt;
+  const unsigned types = s.contains("type") ? type_mask(s["type"]) : 0;
+  if (!types || (types & kObject)) return std::nullopt;
+  return Arm{{}, types};
+}
 
 bool disjoint(const Arm& a, const Arm& b) {
   if (a.types && b.types)
@@ -116,37 +117,34 @@ bool disjoint(const Arm& a, const Arm& b) {
   return true;
 }
 
-bool pairwise_disjoint(const std::vector<Arm>& arms) {
-  for (size_t i = 0; i < arms.size(); ++i)
-    for (size_t j = i + 1; j < arms.size(); ++j)
-      if (!disjoint(arms[i], arms[j])) return false;
-  return true;
-}
-
-// ClassifyTypeOrFiniteOneOfArm: a const/enum, or `type` with xgrammar's annotations only (ours
-// less $id and $defs).
-std::optional<Arm> classify(const json& s) {
-  if (!s.is_object() || has_applicator(s)) return std::nullopt;
-  if (auto values = finite_values(s)) return Arm{*values};
-  for (const auto& [k, v] : s.items())
-    if (k != "type" && (keyword_types(k) != 0 || k == "$id" || k == "$defs" || k == "definitions"))
-      return std::nullopt;
-  const unsigned types = s.contains("type") ? type_mask(s["type"]) : 0;
-  if (!types || (types & kObject)) return std::nullopt;
-  return Arm{{}, types};
-}
-
-// TryProvePairwiseDisjointOneOf, less its proof by a discriminator property (objects that all
-// require one property with disjoint const/enum values): such a oneOf is refused, and `anyOf`,
-// which means the same for exclusive branches, is accepted instead.
+// xgrammar also proves a oneOf of objects that all require one property with disjoint const/enum
+// values; that proof is left out, and such a oneOf refused: `anyOf` says the same of exclusive
+// branches and is accepted.
 bool oneof_is_exclusive(const json& options) {
   std::vector<Arm> arms;
   for (const auto& option : options) {
     auto arm = classify(option);
     if (!arm) return false;
-    arms.push_back(*arm);
+    for (const auto& other : arms)
+      if (!disjoint(other, *arm)) return false;
+    arms.push_back(std::move(*arm));
   }
-  return pairwise_disjoint(arms);
+  return true;
+}
+
+// Whether a regex holds a lookahead, "(?=...)" or "(?!...)", which xgrammar's regex automaton
+// (fsm_builder.cc) drops with a warning.
+bool has_lookahead(const std::string& re) {
+  bool in_class = false;
+  for (size_t i = 0; i < re.size(); ++i) {
+    if (re[i] == '\\')
+      ++i;
+    else if (in_class || re[i] == '[')
+      in_class = re[i] != ']';
+    else if (re.compare(i, 3, "(?=") == 0 || re.compare(i, 3, "(?!") == 0)
+      return true;
+  }
+  return false;
 }
 
 // ---- The walk. ----
@@ -253,7 +251,8 @@ class Checker {
       need(types, "type", ptr, "must be a JSON type name or a non-empty array of them");
       for (const auto& value : branch == "const" ? json::array({v}) : v) {
         need(has_type(value, types), branch, ptr, "holds a value that `type` does not allow");
-        need(!names || value.is_string(), branch, ptr, "holds a property name that is no string");
+        need(!names || value.is_string(), branch, ptr,
+             "holds a property name that is not a string");
       }
       return;
     }
@@ -263,9 +262,10 @@ class Checker {
     for (size_t i = 0; i < v.size(); ++i)
       check(v[i], ptr + "/" + branch + "/" + std::to_string(i), depth + 1);
     if (branch == "allOf" && v.size() > 1)
-      refuse(branch, ptr, "with several members xgrammar accepts any value");
+      refuse(branch, ptr, "with several members it would let any value through");
     if (branch == "oneOf" && !oneof_is_exclusive(v))
-      refuse(branch, ptr, "xgrammar cannot prove its branches exclusive and reads it as `anyOf`");
+      refuse(branch, ptr,
+             "its branches are not provably exclusive, so it would be read as `anyOf`");
   }
 
   // The target of a $ref as xgrammar's ResolveRef finds it: "#", or "#/a/b" through object keys.
@@ -275,7 +275,7 @@ class Checker {
     if (uri != "#" && uri.rfind("#/", 0) != 0)
       refuse("$ref", ptr, "\"" + uri + "\" points outside this schema");
     if (uri.find_first_of("~%") != std::string::npos)
-      refuse("$ref", ptr, "xgrammar does not decode the escapes in \"" + uri + "\"");
+      refuse("$ref", ptr, "the escapes in \"" + uri + "\" would not be decoded");
     const json* target = &root_;
     for (size_t i = 1, end; i < uri.size(); i = end) {
       end = std::min(uri.find('/', i + 1), uri.size());
@@ -374,6 +374,8 @@ class Checker {
   void check_string(const json& s, const std::string& ptr) {
     for (const char* k : {"pattern", "format"})
       if (s.contains(k)) need(s[k].is_string(), k, ptr, "must be a string");
+    if (s.contains("pattern") && has_lookahead(s["pattern"].get<std::string>()))
+      refuse("pattern", ptr, "its lookahead would not be enforced");
     const int64_t min = count(s, "minLength", ptr, kInt32Max);
     const int64_t max = count(s, "maxLength", ptr);
     if (s.contains("format")) {
@@ -382,9 +384,9 @@ class Checker {
           "ipv6",  "hostname", "uuid", "uri",       "uri-reference", "uri-template"};
       const auto format = s["format"].get<std::string>();
       if (format == "json-pointer" || format == "relative-json-pointer")
-        refuse("format", ptr, "xgrammar's grammar for \"" + format + "\" can write invalid JSON");
+        refuse("format", ptr, "the grammar for \"" + format + "\" can write invalid JSON");
       if (!kBuiltin.count(format))
-        refuse("format", ptr, "\"" + format + "\" is not a format xgrammar enforces");
+        refuse("format", ptr, "\"" + format + "\" would not be enforced");
       if (s.contains("pattern"))
         refuse("pattern", ptr, "it would not be enforced next to `format`");
     }
@@ -414,7 +416,7 @@ class Checker {
     const int64_t max = count(s, "maxItems", ptr);
     need(max < 0 || min <= max, "minItems", ptr, "is above `maxItems`");
     need(max < 0 || static_cast<size_t>(max) >= n_prefix, "maxItems", ptr,
-         "is below the number of `prefixItems`, which xgrammar refuses");
+         "is below the number of `prefixItems`");
     const bool more = s.contains("items") ? is_open(s, "items") : is_open(s, "unevaluatedItems");
     need(more || min <= static_cast<int64_t>(n_prefix), "minItems", ptr,
          "asks for more items than `prefixItems` describes, and `items` allows no others");
@@ -426,17 +428,14 @@ class Checker {
     need(props.is_object(), "properties", ptr, "must be an object of schemas");
     for (const auto& [name, sub] : props.items())
       check(sub, ptr + "/properties/" + escape(name), depth + 1);
-    std::set<std::string> required;
-    if (s.contains("required")) {
-      need(s["required"].is_array(), "required", ptr, "must be an array of strings");
-      for (const auto& name : s["required"]) {
-        need(name.is_string(), "required", ptr, "must be an array of strings");
-        if (!props.contains(name.get<std::string>()))
-          refuse("required", ptr,
-                 "it names \"" + name.get<std::string>() +
-                     "\", which is not in `properties`, and would not be enforced");
-        required.insert(name.get<std::string>());
-      }
+    const json required = s.value("required", json::array());
+    need(required.is_array(), "required", ptr, "must be an array of strings");
+    for (const auto& name : required) {
+      need(name.is_string(), "required", ptr, "must be an array of strings");
+      if (!props.contains(name.get<std::string>()))
+        refuse("required", ptr,
+               "it names \"" + name.get<std::string>() +
+                   "\", which is not in `properties`, and would not be enforced");
     }
     if (s.contains("patternProperties")) {
       const json& patterns = s["patternProperties"];
@@ -445,8 +444,11 @@ class Checker {
         refuse("patternProperties", ptr, "it would not be enforced next to `properties`");
       if (patterns.size() > 1)
         refuse("patternProperties", ptr, "a key matching two patterns would meet only one");
-      for (const auto& [pattern, sub] : patterns.items())
+      for (const auto& [pattern, sub] : patterns.items()) {
+        if (has_lookahead(pattern))
+          refuse("patternProperties", ptr, "the lookahead in \"" + pattern + "\" would not hold");
         check(sub, ptr + "/patternProperties/" + escape(pattern), depth + 1);
+      }
     }
     const bool closed = s.contains("additionalProperties")
                             ? s["additionalProperties"] == false
@@ -457,7 +459,7 @@ class Checker {
         if (s.contains(other) && !s[other].empty())
           refuse("propertyNames", ptr,
                  std::string("it would not be enforced next to `") + other + "`");
-      if (closed) refuse("propertyNames", ptr, "xgrammar would still write such properties");
+      if (closed) refuse("propertyNames", ptr, "properties would be written despite `false`");
       check(s["propertyNames"], ptr + "/propertyNames", depth + 1, /*names=*/true);
     }
     for (const char* k : {"additionalProperties", "unevaluatedProperties"})
@@ -465,7 +467,8 @@ class Checker {
     const int64_t min = count(s, "minProperties", ptr, kInt32Max);
     const int64_t max = count(s, "maxProperties", ptr, kInt32Max);
     need(max < 0 || min <= max, "minProperties", ptr, "is above `maxProperties`");
-    need(max < 0 || static_cast<int64_t>(required.size()) <= max, "maxProperties", ptr,
+    const auto n_required = std::set<json>(required.begin(), required.end()).size();
+    need(max < 0 || static_cast<int64_t>(n_required) <= max, "maxProperties", ptr,
          "is below the number of `required` properties");
     const bool more = (s.contains("patternProperties") && !s["patternProperties"].empty()) ||
                       s.contains("propertyNames") ||

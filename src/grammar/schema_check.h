@@ -30,14 +30,17 @@ namespace kestrel::grammar {
 //   on an integer); one of a type xgrammar does not know the value to have (`minLength` without
 //   `type`) is refused. Unknown keywords, and those xgrammar never enforces (not, if/then/else,
 //   dependent*, dependencies, uniqueItems, contains, min/maxContains, ...), are refused anywhere.
-// - oneOf is accepted only where xgrammar proves its branches exclusive (every branch a const, an
-//   enum or a non-object `type`, pairwise disjoint; or objects that all require one property whose
-//   const/enum values are disjoint); elsewhere xgrammar silently reads it as anyOf. allOf is
-//   accepted with one member only: with several, xgrammar accepts any value.
+// - oneOf is accepted only where xgrammar proves its branches exclusive by its first proof (every
+//   branch a const, an enum, or a non-object `type` with annotations only, pairwise disjoint);
+//   elsewhere xgrammar silently reads it as anyOf. Its second proof (objects that all require one
+//   property with disjoint const/enum values) is left out: such a oneOf is refused, and anyOf,
+//   which means the same for exclusive branches, accepted. allOf is accepted with one member only:
+//   with several, xgrammar accepts any value.
 // - multipleOf holds for integers only: whole, at most 1024, with both bounds or none, within a
 //   range of at most 10000 values. minLength/maxLength do not hold next to pattern or format, nor
 //   pattern next to format; `format` must be one xgrammar builds in, except json-pointer and
-//   relative-json-pointer, whose grammars can write unescaped quotes.
+//   relative-json-pointer, whose grammars can write unescaped quotes. A `pattern` (or a
+//   patternProperties key) may not hold a lookahead, which xgrammar drops.
 // - `required` may name only `properties`; patternProperties and propertyNames hold only without
 //   `properties` (and not together); propertyNames must describe strings.
 // - $ref must be "#" or "#/..." through object keys, without ~ or % escapes (xgrammar decodes

@@ -31,18 +31,22 @@ std::optional<grammar::Spec> parse_lorax_response_format(const json& value) {
   if (!value.is_object()) invalid(f, "`response_format` must be an object");
   const std::string type = type_of(value, f);
   const json* schema = nullptr;
+  std::string where = f + ".schema";
   if (auto it = value.find("schema"); it != value.end() && !it->is_null()) schema = &*it;
   if (auto js = value.find("json_schema"); !schema && js != value.end() && js->is_object()) {
-    if (auto it = js->find("schema"); it != js->end() && !it->is_null()) schema = &*it;
+    if (auto it = js->find("schema"); it != js->end() && !it->is_null()) {
+      schema = &*it;
+      where = f + ".json_schema.schema";
+    }
   }
   if (type == "text") return std::nullopt;
   if (type == "json_object") {
-    if (schema) return schema_spec(*schema, f + ".schema");
+    if (schema) return schema_spec(*schema, where);
     return grammar::Spec{grammar::Spec::Kind::kJsonObject, "", f};
   }
   if (type == "json_schema") {
     if (!schema) invalid(f + ".schema", "`response_format.schema` is required for json_schema");
-    return schema_spec(*schema, f + ".schema");
+    return schema_spec(*schema, where);
   }
   invalid(f + ".type", "`response_format.type` must be \"json_object\" or \"json_schema\", got \"" +
                            type + "\"");
@@ -92,6 +96,28 @@ std::optional<grammar::Spec> parse_openai_response_format(const json& value) {
           "`response_format.type` must be \"text\", \"json_object\" or "
           "\"json_schema\", got \"" +
               type + "\"");
+}
+
+void keep_schema_order(std::string_view body, const std::string& prefix, grammar::Spec& spec) {
+  if (spec.kind != grammar::Spec::Kind::kJsonSchema) return;
+  // The body parsed before (size and depth bounded); ordered_json keeps the client's key order.
+  const nlohmann::ordered_json doc = nlohmann::ordered_json::parse(body, nullptr, false);
+  const nlohmann::ordered_json* node = &doc;
+  std::string path = prefix + spec.field;
+  for (size_t at = 0; node && at <= path.size();) {
+    const size_t dot = std::min(path.find('.', at), path.size());
+    const std::string key = path.substr(at, dot - at);
+    auto it = node->is_object() ? node->find(key) : node->end();
+    node = node->is_object() && it != node->end() ? &*it : nullptr;
+    at = dot + 1;
+  }
+  if (!node) return;        // not where the field says: keep the sorted text
+  if (node->is_string()) {  // TGI's schema as JSON text
+    const auto inner = nlohmann::ordered_json::parse(node->get<std::string>(), nullptr, false);
+    if (!inner.is_discarded()) spec.text = inner.dump();
+  } else {
+    spec.text = node->dump();
+  }
 }
 
 }  // namespace kestrel::server

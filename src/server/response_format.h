@@ -20,4 +20,9 @@ std::optional<grammar::Spec> parse_tgi_grammar(const json& value);
 // OpenAI's response_format ("text": none).
 std::optional<grammar::Spec> parse_openai_response_format(const json& value);
 
+// `json` keeps object keys sorted, but a schema's `properties` order is the order of the output:
+// replaces spec's schema text by the client's own, read again from `body` at prefix + spec.field
+// ("parameters." for LoRAX / TGI, "" for OpenAI).
+void keep_schema_order(std::string_view body, const std::string& prefix, grammar::Spec& spec);
+
 }  // namespace kestrel::server

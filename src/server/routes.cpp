@@ -1,6 +1,7 @@
 // Routing and the non-generating routes (/info, /health, /metrics, /docs,
 // /tokenize, /v1/models); generating routes build a request and a job.
 #include "server/routes.h"
+#include "server/response_format.h"
 
 #include <chrono>
 
@@ -254,6 +255,7 @@ Routed Api::generate(const std::string& body, bool stream_default, bool from_roo
   r.request.prompt_ids = std::move(ids);
   r.request.params = g.sampling;
   r.request.constraint = g.constraint;
+  if (r.request.constraint) keep_schema_order(body, "parameters.", *r.request.constraint);
   const int32_t eos = tokenizer_.eos_id().value_or(-1);
   r.job = make_tgi_job(std::move(g), from_root, &tokenizer_, eos);
   return r;
@@ -282,6 +284,7 @@ Routed Api::completions(const std::string& body) {
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
   r.request.constraint = req.constraint;
+  if (r.request.constraint) keep_schema_order(body, "", *r.request.constraint);
   OpenAiContext ctx{"cmpl-" + std::to_string(next_id_++), unix_now(),
                     r.adapter ? r.adapter->id : options_.model_id, &tokenizer_};
   r.job = make_openai_job(std::move(req), std::move(ctx));
@@ -300,6 +303,7 @@ Routed Api::chat(const std::string& body) {
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
   r.request.constraint = req.constraint;
+  if (r.request.constraint) keep_schema_order(body, "", *r.request.constraint);
   OpenAiContext ctx{"chatcmpl-" + std::to_string(next_id_++), unix_now(),
                     r.adapter ? r.adapter->id : options_.model_id, &tokenizer_};
   r.job = make_openai_job(std::move(req), std::move(ctx));

@@ -96,18 +96,37 @@ TEST(GrammarCompiler, SpecialTokensAndPaddingAreNeverAllowed) {
   EXPECT_TRUE(allowed(mask, tok().encode("{", false)[0]));
 }
 
-TEST(GrammarCompiler, CacheSharesCompilesByCanonicalSchema) {
+TEST(GrammarCompiler, CacheSharesCompilesOfTheSameSchema) {
   Compiler c(tok(), 65024, kEos, {});
   auto a = c.compile({Spec::Kind::kJsonSchema, R"({"type":"integer","minimum":1})", "s"});
-  auto b = c.compile({Spec::Kind::kJsonSchema, R"({ "minimum": 1, "type": "integer" })", "s"});
+  auto b = c.compile({Spec::Kind::kJsonSchema, R"({ "type": "integer",  "minimum": 1 })", "s"});
   wait(a);
   wait(b);
   EXPECT_EQ(a->grammar(), b->grammar());
-  const CompilerStats st = c.stats();
+  CompilerStats st = c.stats();
   EXPECT_EQ(st.compiles, 1);
   EXPECT_EQ(st.cache_hits, 1);
   ASSERT_EQ(st.recent_seconds.size(), 1u);
   EXPECT_GT(st.recent_seconds[0], 0.0);
+  // Key order is meaning (the order of properties in the output): another compile.
+  wait(c.compile({Spec::Kind::kJsonSchema, R"({"minimum":1,"type":"integer"})", "s"}));
+  EXPECT_EQ(c.stats().compiles, 2);
+}
+
+TEST(GrammarCompiler, PropertiesComeInTheSchemasOrder) {
+  Compiler c(tok(), 65024, kEos, {});
+  auto g = wait(c.compile({Spec::Kind::kJsonSchema,
+                           R"({"type":"object","properties":{"zeta":{"type":"boolean"},)"
+                           R"("alpha":{"type":"boolean"}},"required":["zeta","alpha"]})",
+                           "s"}));
+  Matcher m(g);
+  for (int32_t id : tok().encode("{\"zeta\": true, \"alpha\": false}", false)) {
+    ASSERT_TRUE(m.accept(id));
+  }
+  Matcher sorted(g);
+  bool ok = true;
+  for (int32_t id : tok().encode("{\"alpha\": false", false)) ok = ok && sorted.accept(id);
+  EXPECT_FALSE(ok);
 }
 
 TEST(GrammarCompiler, CacheIsBounded) {

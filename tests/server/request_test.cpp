@@ -5,6 +5,7 @@
 #include "server/generate_request.h"
 #include "server/http_error.h"
 #include "server/openai.h"
+#include "server/response_format.h"
 
 namespace kestrel::server {
 namespace {
@@ -156,6 +157,21 @@ TEST(GenerateRequest, StructuredOutputShapes) {
             "grammar");
   EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"response_format": "json"}})"),
             "response_format");
+}
+
+TEST(GenerateRequest, SchemasKeepTheClientsKeyOrder) {
+  const std::string body =
+      R"({"inputs": "x", "parameters": {"response_format": {"type": "json_object",
+          "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {}}}}}})";
+  GenerateParams g = parse(body);
+  ASSERT_TRUE(g.constraint);
+  keep_schema_order(body, "parameters.", *g.constraint);
+  EXPECT_EQ(g.constraint->text, R"({"type":"object","properties":{"z":{"type":"string"},"a":{}}})");
+  const std::string tgi =
+      R"({"inputs": "x", "parameters": {"grammar": {"type": "json", "value": "{\"z\": 1, \"a\": 2}"}}})";
+  g = parse(tgi);
+  keep_schema_order(tgi, "parameters.", *g.constraint);
+  EXPECT_EQ(g.constraint->text, R"({"z":1,"a":2})");
 }
 
 TEST(GenerateRequest, AdapterIdAndSource) {
