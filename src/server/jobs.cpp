@@ -3,6 +3,7 @@
 
 #include "server/generate_response.h"
 #include "server/http_error.h"
+#include "text/tokenizer.h"
 
 namespace kestrel::server {
 namespace {
@@ -87,10 +88,15 @@ class OpenAiJob : public GenerationJob {
   void on_token(const TokenInfo& token, ResponseChannel& out) override {
     if (!r_.stream) return;
     ++n_tokens_;
+    // The end-of-sequence token that ends the request is not content (as in the final text).
+    const bool ends = ctx_.tokenizer && token.id == ctx_.tokenizer->eos_id().value_or(-1) &&
+                      (!r_.sampling.ignore_eos || r_.constraint);
+    static const std::string kNone;
+    const std::string& text = ends ? kNone : token.text;
     if (r_.chat)
-      out.stream(openai_sse(chat_chunk(r_, ctx_, &token.text, true, &token, nullptr, nullptr)));
+      out.stream(openai_sse(chat_chunk(r_, ctx_, &text, true, &token, nullptr, nullptr)));
     else
-      out.stream(openai_sse(completion_chunk(r_, ctx_, token.text, &token, nullptr, nullptr)));
+      out.stream(openai_sse(completion_chunk(r_, ctx_, text, &token, nullptr, nullptr)));
   }
 
   void on_finished(const GenerationResult& r, ResponseChannel& out) override {

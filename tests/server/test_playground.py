@@ -4,6 +4,7 @@ by Selenium: it loads with no console error, a chat streams the same text as
 changes the output to the adapter's, and the API key prompt works. Screenshots of each mode, on a
 desktop and a narrow screen, go to $KESTREL_SCREENSHOTS (default build/playground-screenshots).
 """
+import json
 import os
 import shutil
 import time
@@ -206,3 +207,26 @@ def _alert(driver):
         return driver.switch_to.alert
     except Exception:  # noqa: BLE001: no alert yet
         return False
+
+
+def test_json_schema_box_constrains_the_reply(pserver):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["ok", "n"]}
+    d = browser(1280, 900)
+    try:
+        open_page(d, pserver.url)
+        set_field(d, "temperature", 1)
+        set_field(d, "max_tokens", 40)
+        d.find_element(By.ID, "json-schema").send_keys(json.dumps(schema))
+        send(d, MESSAGE)
+        reply = json.loads(last_reply(d))
+        assert set(reply) == {"ok", "n"} and isinstance(reply["ok"], bool) and 0 <= reply["n"] <= 9
+        shot(d, "chat-json-schema")
+        # A schema that is not JSON is shown as an error, nothing is sent.
+        d.find_element(By.ID, "json-schema").send_keys("{")
+        send(d, MESSAGE)
+        wait(d, lambda dr: "JSON schema" in dr.find_element(By.ID, "error").text)
+        assert severe_console_errors(d) == []
+    finally:
+        d.quit()
