@@ -87,6 +87,22 @@ std::string cache_key(const Spec& spec, const std::string& text) {
   return std::string(kind_name(spec.kind)) + '\n' + text;
 }
 
+// xgrammar's error for a client: without its log prefix ("[12:00:00] /path/file.cc:83: "), one
+// line, bounded.
+std::string client_message(std::string why) {
+  const size_t cc = why.find(".cc:");
+  if (!why.empty() && why[0] == '[' && cc != std::string::npos) {
+    const size_t colon = why.find(": ", cc + 4);
+    if (colon != std::string::npos) why = why.substr(colon + 2);
+  }
+  for (char& c : why) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!why.empty() && why.back() == ' ') why.pop_back();
+  if (why.size() > 300) why = why.substr(0, 300) + "...";
+  return why;
+}
+
 }  // namespace
 
 struct Compiler::Impl {
@@ -221,10 +237,8 @@ std::shared_ptr<Pending> Compiler::compile(const Spec& spec) {
           return xgrammar::Grammar::FromRegex(spec.text);
       }
     } catch (const std::exception& e) {
-      std::string why = e.what();
-      if (why.size() > 300) why = why.substr(0, 300) + "...";
-      throw ValidationError(spec.field,
-                            std::string("invalid ") + kind_name(spec.kind) + ": " + why);
+      throw ValidationError(spec.field, "`" + spec.field + "` is not a valid " +
+                                            kind_name(spec.kind) + ": " + client_message(e.what()));
     }
     throw ValidationError(spec.field, "unknown constraint kind");
   }();

@@ -168,6 +168,14 @@ TEST(GrammarCompiler, InvalidConstraintsNameTheirField) {
     return std::string("accepted");
   };
   EXPECT_EQ(field_of({Spec::Kind::kRegex, "a(b", "grammar.value"}), "grammar.value");
+  try {  // the message names the field and carries no log prefix of xgrammar's
+    c.compile({Spec::Kind::kRegex, "a(b", "grammar.value"});
+  } catch (const ValidationError& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("`grammar.value` is not a valid regex: ", 0), 0u) << m;
+    EXPECT_EQ(m.find(".cc:"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
   EXPECT_EQ(field_of({Spec::Kind::kRegex, "[z-a]", "grammar.value"}), "grammar.value");
   EXPECT_EQ(field_of({Spec::Kind::kJsonSchema, "[1,", "response_format.schema"}),
             "response_format.schema");
