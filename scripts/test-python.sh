@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=.venv-test
-packages=(pytest lorax-client text-generation openai schemathesis requests aiohttp selenium jinja2)
+packages=(pytest lorax-client text-generation openai schemathesis requests aiohttp selenium jinja2
+          jsonschema)
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi

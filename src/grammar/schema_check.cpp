@@ -385,6 +385,12 @@ class Checker {
       const auto format = s["format"].get<std::string>();
       if (format == "json-pointer" || format == "relative-json-pointer")
         refuse("format", ptr, "the grammar for \"" + format + "\" can write invalid JSON");
+      // xgrammar's grammars for these are looser than the formats: any month has a 31st (and
+      // February a 29th every year), an IPv4 byte may have leading zeros.
+      if (format == "date" || format == "date-time")
+        refuse("format", ptr, "the grammar for \"" + format + "\" allows dates such as 02-31");
+      if (format == "ipv4")
+        refuse("format", ptr, "the grammar for \"ipv4\" allows leading zeros (010.0.0.1)");
       if (!kBuiltin.count(format))
         refuse("format", ptr, "\"" + format + "\" would not be enforced");
       if (s.contains("pattern"))

@@ -39,7 +39,8 @@ namespace kestrel::grammar {
 // - multipleOf holds for integers only: whole, at most 1024, with both bounds or none, within a
 //   range of at most 10000 values. minLength/maxLength do not hold next to pattern or format, nor
 //   pattern next to format; `format` must be one xgrammar builds in, except json-pointer and
-//   relative-json-pointer, whose grammars can write unescaped quotes. A `pattern` (or a
+//   relative-json-pointer, whose grammars can write unescaped quotes, and date, date-time and
+//   ipv4, whose grammars allow impossible dates (02-31) and leading zeros. A `pattern` (or a
 //   patternProperties key) may not hold a lookahead, which xgrammar drops.
 // - `required` may name only `properties`; patternProperties and propertyNames hold only without
 //   `properties` (and not together); propertyNames must describe strings.
