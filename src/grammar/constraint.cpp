@@ -211,6 +211,11 @@ std::shared_ptr<Pending> Compiler::compile(const Spec& spec) {
     check_json_schema(schema, spec.field);
     text = nlohmann::ordered_json::parse(spec.text).dump();
   }
+  if (spec.kind == Spec::Kind::kRegex && has_lookaround(spec.text)) {
+    throw ValidationError(spec.field, "`" + spec.field +
+                                          "` holds a lookaround ((?=, (?!, (?<=, (?<!), which "
+                                          "structured output would not enforce");
+  }
   const std::string key = cache_key(spec, text);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

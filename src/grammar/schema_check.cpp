@@ -2,6 +2,8 @@
 // refuses what it would drop. The rules are listed in schema_check.h.
 #include "grammar/schema_check.h"
 
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -130,21 +132,6 @@ bool oneof_is_exclusive(const json& options) {
     arms.push_back(std::move(*arm));
   }
   return true;
-}
-
-// Whether a regex holds a lookahead, "(?=...)" or "(?!...)", which xgrammar's regex automaton
-// (fsm_builder.cc) drops with a warning.
-bool has_lookahead(const std::string& re) {
-  bool in_class = false;
-  for (size_t i = 0; i < re.size(); ++i) {
-    if (re[i] == '\\')
-      ++i;
-    else if (in_class || re[i] == '[')
-      in_class = re[i] != ']';
-    else if (re.compare(i, 3, "(?=") == 0 || re.compare(i, 3, "(?!") == 0)
-      return true;
-  }
-  return false;
 }
 
 // ---- The walk. ----
@@ -374,7 +361,7 @@ class Checker {
   void check_string(const json& s, const std::string& ptr) {
     for (const char* k : {"pattern", "format"})
       if (s.contains(k)) need(s[k].is_string(), k, ptr, "must be a string");
-    if (s.contains("pattern") && has_lookahead(s["pattern"].get<std::string>()))
+    if (s.contains("pattern") && has_lookaround(s["pattern"].get<std::string>()))
       refuse("pattern", ptr, "its lookahead would not be enforced");
     const int64_t min = count(s, "minLength", ptr, kInt32Max);
     const int64_t max = count(s, "maxLength", ptr);
@@ -451,7 +438,7 @@ class Checker {
       if (patterns.size() > 1)
         refuse("patternProperties", ptr, "a key matching two patterns would meet only one");
       for (const auto& [pattern, sub] : patterns.items()) {
-        if (has_lookahead(pattern))
+        if (has_lookaround(pattern))
           refuse("patternProperties", ptr, "the lookahead in \"" + pattern + "\" would not hold");
         check(sub, ptr + "/patternProperties/" + escape(pattern), depth + 1);
       }
@@ -493,6 +480,22 @@ class Checker {
 
 void check_json_schema(const json& schema, const std::string& field) {
   Checker(schema, field).check(schema, "", 0);
+}
+
+bool has_lookaround(const std::string& re) {
+  bool in_class = false;
+  for (size_t i = 0; i < re.size(); ++i) {
+    if (re[i] == '\\') {
+      ++i;
+    } else if (in_class || re[i] == '[') {
+      in_class = re[i] != ']';
+    } else {
+      for (const char* open : {"(?=", "(?!", "(?<=", "(?<!"}) {
+        if (re.compare(i, std::strlen(open), open) == 0) return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace kestrel::grammar

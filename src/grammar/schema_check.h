@@ -53,4 +53,9 @@ namespace kestrel::grammar {
 // Schemas nest at most 64 levels (counting each $ref followed).
 void check_json_schema(const nlohmann::json& schema, const std::string& field);
 
+// Whether a regex holds a lookaround ("(?=", "(?!", "(?<=", "(?<!" outside a character class),
+// which xgrammar's regex automaton drops with a warning: refused in `pattern` and regex
+// constraints.
+bool has_lookaround(const std::string& re);
+
 }  // namespace kestrel::grammar

@@ -177,6 +177,10 @@ TEST(GrammarCompiler, InvalidConstraintsNameTheirField) {
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
   EXPECT_EQ(field_of({Spec::Kind::kRegex, "[z-a]", "grammar.value"}), "grammar.value");
+  EXPECT_EQ(field_of({Spec::Kind::kRegex, "(?=.*[0-9])[a-z0-9]+", "grammar.value"}),
+            "grammar.value");
+  EXPECT_EQ(field_of({Spec::Kind::kRegex, "x(?<!y)", "grammar.value"}), "grammar.value");
+  EXPECT_EQ(field_of({Spec::Kind::kRegex, "[(?=]+", "grammar.value"}), "accepted");
   EXPECT_EQ(field_of({Spec::Kind::kJsonSchema, "[1,", "response_format.schema"}),
             "response_format.schema");
   EXPECT_EQ(field_of({Spec::Kind::kJsonSchema, R"({"type":"array","contains":{}})", "rf"}), "rf");
