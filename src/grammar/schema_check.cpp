@@ -362,7 +362,7 @@ class Checker {
     for (const char* k : {"pattern", "format"})
       if (s.contains(k)) need(s[k].is_string(), k, ptr, "must be a string");
     if (s.contains("pattern") && has_lookaround(s["pattern"].get<std::string>()))
-      refuse("pattern", ptr, "its lookahead would not be enforced");
+      refuse("pattern", ptr, "its lookaround would not be enforced");
     const int64_t min = count(s, "minLength", ptr, kInt32Max);
     const int64_t max = count(s, "maxLength", ptr);
     if (s.contains("format")) {
@@ -439,7 +439,7 @@ class Checker {
         refuse("patternProperties", ptr, "a key matching two patterns would meet only one");
       for (const auto& [pattern, sub] : patterns.items()) {
         if (has_lookaround(pattern))
-          refuse("patternProperties", ptr, "the lookahead in \"" + pattern + "\" would not hold");
+          refuse("patternProperties", ptr, "the lookaround in \"" + pattern + "\" would not hold");
         check(sub, ptr + "/patternProperties/" + escape(pattern), depth + 1);
       }
     }

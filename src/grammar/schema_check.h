@@ -41,7 +41,7 @@ namespace kestrel::grammar {
 //   pattern next to format; `format` must be one xgrammar builds in, except json-pointer and
 //   relative-json-pointer, whose grammars can write unescaped quotes, and date, date-time and
 //   ipv4, whose grammars allow impossible dates (02-31) and leading zeros. A `pattern` (or a
-//   patternProperties key) may not hold a lookahead, which xgrammar drops.
+//   patternProperties key) may not hold a lookaround, which xgrammar drops.
 // - `required` may name only `properties`; patternProperties and propertyNames hold only without
 //   `properties` (and not together); propertyNames must describe strings.
 // - $ref must be "#" or "#/..." through object keys, without ~ or % escapes (xgrammar decodes

@@ -224,13 +224,13 @@ TEST(SchemaCheck, RefusesCombinationsXgrammarDrops) {
   expect_refused(R"({"type": "string", "format": "json-pointer"})", "format", "the root",
                  "invalid JSON");
   expect_refused(R"({"type": "string", "pattern": "^(?=.*[0-9])[a-z0-9]+$"})", "pattern",
-                 "the root", "lookahead");
+                 "the root", "lookaround");
   expect_refused(R"j({"type": "object", "patternProperties": {"^(?!x)": {}}})j",
-                 "patternProperties", "the root", "lookahead");
+                 "patternProperties", "the root", "lookaround");
   // Pydantic's schema for a Decimal.
   expect_refused(R"j({"anyOf": [{"type": "number"}, {"type": "string",
     "pattern": "^(?!^[-+.]*$)[+-]?0*\\d*\\.?\\d*$"}]})j",
-                 "pattern", "/anyOf/1", "lookahead");
+                 "pattern", "/anyOf/1", "lookaround");
   expect_refused(R"({"type": ["string", "null"], "format": "relative-json-pointer"})", "format",
                  "the root");
   // Numbers.
