@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "../test_data.h"
 #include "engine/engine.h"
 #include "engine_test_util.h"
 #include "text/tokenizer.h"
@@ -144,6 +145,26 @@ TEST(StructuredOutput, ComposesWithBestOfPenaltiesAndIgnoreEos) {
   expect_person(res.text);
   ASSERT_EQ(res.best_of_sequences.size(), 2u);
   for (const GenerationResult& other : res.best_of_sequences) expect_person(other.text);
+}
+
+TEST(StructuredOutput, ComposesWithLoraAndTensorParallelism) {
+  // A LoRA adapter on the base, and the same model split over two ranks: outputs still validate.
+  auto tp = std::make_shared<const FalconModel>(
+      FalconModel::load(fixture_dir("e2e-falcon7b-fullvocab"), Device::kCpu, 2));
+  auto adapter = fixture().model->load_adapter(
+      test::test_data_dir() + "/lora-e2e-falcon7b-fullvocab/adapters/e1-r8-all", "e1");
+  for (bool use_tp : {false, true}) {
+    SCOPED_TRACE(use_tp ? "tensor parallel 2" : "one rank + LoRA");
+    Engine engine(use_tp ? tp : fixture().model, fixture().tok, {});
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      GenerationRequest r = sampled("A person as JSON:", seed);
+      if (!use_tp) r.adapter = adapter;
+      r.constraint = schema(kPerson);
+      const GenerationResult res = engine.submit(std::move(r))->wait();
+      EXPECT_EQ(res.finish_reason, FinishReason::kEosToken) << res.text;
+      expect_person(res.text);
+    }
+  }
 }
 
 TEST(StructuredOutput, BadConstraintsAreRefusedAtSubmitNamingTheField) {
