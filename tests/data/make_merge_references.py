@@ -161,6 +161,7 @@ def make_adapters(base_dir):
                 if "lora_" in pname:
                     p.copy_(torch.randn_like(p) * 0.15)
         model.save_pretrained(OUT / "adapters" / name)
+        (OUT / "adapters" / name / "README.md").unlink()  # peft's model card template
 
 
 def load_all(base_dir):

@@ -16,9 +16,12 @@
 #include <string>
 #include <vector>
 
+#include "../model/fixture_util.h"
 #include "../test_data.h"
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "model/falcon_model.h"
+#include "model/runner.h"
 
 namespace kestrel {
 namespace {
@@ -281,6 +284,44 @@ TEST(MergeFixture, SameSeedSameMergeOtherSeedOther) {
   const MergedLora a = run_merge(ties, merges.at("ties_total").at("adapters"));
   ties.seed = 77;
   EXPECT_TRUE(same_merge(a, run_merge(ties, merges.at("ties_total").at("adapters"))));
+}
+
+// The merged adapter in the CPU forward pass: the logits transformers + peft compute for the base
+// model plus peft's merged adapter (float32) on the fixture's prompt.
+TEST(MergeFixture, MergedAdapterGivesPeftLogits) {
+  const json& fx = fixture();
+  const FalconModel model = FalconModel::load(merge_dir() + "/" + fx.at("base").get<std::string>());
+  ASSERT_EQ(model.config().n_layers, kLayers);
+  const std::vector<int32_t> prompt = fx.at("prompt_ids").get<std::vector<int32_t>>();
+  const int64_t vocab = model.config().vocab_size;
+  for (const auto& [name, change] : fx.at("max_logit_change_vs_base").items()) {
+    SCOPED_TRACE(name);
+    const json& merge = fx.at("merges").at(name);
+    const MergedLora merged = run_merge(spec_of(merge), merge.at("adapters"));
+    LoraAdapter adapter("merged-" + name, "", 1, kLayers);
+    for (int64_t layer = 0; layer < kLayers; ++layer)
+      for (int m = 0; m < kLoraModules; ++m) {
+        const LoraFactors& f = merged.layers[layer][m];
+        if (!f.defined()) continue;
+        LoraLinear& l = adapter.mutable_linear(0, layer, static_cast<LoraModule>(m));
+        l.a = f.a;
+        l.b = f.b;
+        l.scale = static_cast<float>(f.scale);
+      }
+    RunnerOptions opt;
+    opt.adapters = {&adapter};
+    BatchRunner runner(model, {prompt}, 0, opt);
+    const Tensor logits = runner.prefill(/*all_logits=*/true);
+    const WeightStore want =
+        WeightStore::open_file(merge_dir() + "/expected_logits_" + name + ".safetensors");
+    const Tensor ref = want.borrow("logits");
+    ASSERT_EQ(shape_str(logits.shape()), shape_str(ref.shape()));
+    ASSERT_EQ(ref.dim(1), vocab);
+    const double err = test::rel_error(logits, ref);
+    EXPECT_LE(err, 1e-4);
+    std::printf("%s: logits within %.3g (relative) of peft's\n", name.c_str(), err);
+    EXPECT_GT(change.get<double>(), 0.5);  // the merge moved the logits far from the base's
+  }
 }
 
 // Expects a ValidationError on `field` whose message holds every one of `parts`.
