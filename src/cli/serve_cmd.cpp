@@ -238,6 +238,10 @@ void run_serve(const ServeArgs& a) {
         return model->load_adapter(dir, name);
       },
       so_lora);
+  store->set_merge_hooks({[model](const std::string& dir) { return model->read_host_adapter(dir); },
+                          [model](const MergedLora& merged, const std::string& name) {
+                            return model->adapter_from_merged(merged, name);
+                          }});
   preload_adapters(a, *store);
 
   server::ApiOptions ao;

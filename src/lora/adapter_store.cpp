@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <exception>
@@ -128,8 +129,12 @@ struct AdapterStore::Impl {
     std::shared_ptr<const LoraAdapter> adapter;
     int64_t bytes = 0;
   };
+  // A load: reads and returns the adapter, or throws (a ValidationError's message goes to the
+  // client as it is).
+  using Job = std::function<std::shared_ptr<const LoraAdapter>()>;
   struct Pending {
     std::string name, root;
+    Job job;  // set: a merge (the key is its name, not a folder)
     std::vector<Callback> waiters;
   };
   // One load's result, shared with the thread that runs it (which may outlive its wait).
@@ -139,9 +144,11 @@ struct AdapterStore::Impl {
     bool done = false;
     std::shared_ptr<const LoraAdapter> adapter;
     std::string error;
+    std::string client_error;  // a ValidationError's message
   };
 
   std::shared_ptr<const Loader> loader;
+  std::shared_ptr<const MergeHooks> merge_hooks;
   mutable std::mutex mu;
   std::condition_variable cv;
   std::list<Entry> lru;                        // front: most recently used
@@ -218,19 +225,29 @@ struct AdapterStore::Impl {
     return "";
   }
 
-  // The files' checks and the loader, its exceptions as a message.
-  static std::shared_ptr<const LoraAdapter> load(const Loader& loader, const std::string& folder,
-                                                 const std::string& name, const std::string& root,
-                                                 std::string& error) {
-    try {
+  // The files' checks and the loader.
+  static Job folder_job(std::shared_ptr<const Loader> loader, const std::string& folder,
+                        const std::string& name, const std::string& root) {
+    return [loader = std::move(loader), folder, name, root] {
       check_files(folder, root);
-      std::shared_ptr<const LoraAdapter> ad = loader(folder, name);
-      if (!ad) error = "the loader returned no adapter for " + folder;
+      std::shared_ptr<const LoraAdapter> ad = (*loader)(folder, name);
+      if (!ad) KESTREL_FAIL("the loader returned no adapter for ", folder);
       return ad;
+    };
+  }
+
+  // Runs a job, its exceptions as a message (and a ValidationError's as the client's too).
+  static std::shared_ptr<const LoraAdapter> load(const Job& job, const std::string& name,
+                                                 std::string& error, std::string* client_error) {
+    try {
+      return job();
+    } catch (const ValidationError& e) {
+      error = e.what();
+      if (client_error) *client_error = e.what();
     } catch (const std::exception& e) {
       error = e.what();
     } catch (...) {
-      error = "unknown error loading " + folder;
+      error = "unknown error loading " + name;
     }
     return nullptr;
   }
@@ -238,16 +255,17 @@ struct AdapterStore::Impl {
   // load() on a thread of its own, waited for at most `timeout`. On a timeout the thread is left
   // to finish alone (it holds what it uses) and counts as stuck until it does.
   std::shared_ptr<const LoraAdapter> load_bounded(const std::string& folder,
-                                                  const std::string& name, const std::string& root,
+                                                  const std::string& name, Job job,
                                                   std::chrono::milliseconds timeout,
                                                   AdapterError& error) {
     auto state = std::make_shared<LoadState>();
-    std::thread([state, loader = loader, stuck = stuck, folder, name, root] {
-      std::string err;
-      auto ad = load(*loader, folder, name, root, err);
+    std::thread([state, stuck = stuck, name, job = std::move(job)] {
+      std::string err, client_err;
+      auto ad = load(job, name, err, &client_err);
       std::lock_guard<std::mutex> lock(state->mu);
       state->adapter = std::move(ad);
       state->error = std::move(err);
+      state->client_error = std::move(client_err);
       if (state->done) --*stuck;  // its waiter gave up: the result goes with the state
       state->done = true;
       state->cv.notify_all();
@@ -263,7 +281,9 @@ struct AdapterStore::Impl {
                               " s (--adapter-load-timeout)")};
       return nullptr;
     }
-    if (!state->adapter)
+    if (!state->adapter && !state->client_error.empty())
+      error = {ErrorKind::kInvalidArgument, state->client_error, state->error};
+    else if (!state->adapter)
       error = {ErrorKind::kInvalidArgument,
                "adapter '" + name +
                    "' could not be loaded: it is not a LoRA adapter this model can use (the "
@@ -291,6 +311,7 @@ struct AdapterStore::Impl {
       const std::string folder = queue.front();
       queue.pop_front();
       const std::string name = pending[folder].name, root = pending[folder].root;
+      Job job = pending[folder].job ? pending[folder].job : folder_job(loader, folder, name, root);
       std::vector<std::shared_ptr<const LoraAdapter>> dropped;
       AdapterError error;
       std::shared_ptr<const LoraAdapter> ad;
@@ -304,7 +325,7 @@ struct AdapterStore::Impl {
         lock.unlock();
         dropped.clear();
         const auto t0 = std::chrono::steady_clock::now();
-        ad = load_bounded(folder, name, root, o.load_timeout, error);
+        ad = load_bounded(folder, name, std::move(job), o.load_timeout, error);
         const double s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         lock.lock();
@@ -484,7 +505,8 @@ void AdapterStore::preload(const std::string& name, const std::string& dir) {
     }
   }
   std::string error;
-  std::shared_ptr<const LoraAdapter> ad = Impl::load(*impl_->loader, folder, name, "", error);
+  std::shared_ptr<const LoraAdapter> ad =
+      Impl::load(Impl::folder_job(impl_->loader, folder, name, ""), name, error, nullptr);
   if (!ad) KESTREL_FAIL("adapter '", name, "': ", error);
   std::vector<std::shared_ptr<const LoraAdapter>> dropped;
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -547,6 +569,145 @@ std::shared_ptr<const LoraAdapter> AdapterStore::get_sync(const std::string& id,
   if (!ad)
     throw Error(error.message + (error.detail != error.message ? ": " + error.detail : ""),
                 error.kind);
+  return ad;
+}
+
+void AdapterStore::set_merge_hooks(MergeHooks hooks) {
+  KESTREL_CHECK(hooks.read_host && hooks.upload,
+                "AdapterStore::set_merge_hooks: both hooks needed");
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->merge_hooks = std::make_shared<const MergeHooks>(std::move(hooks));
+}
+
+namespace {
+
+// 17 significant digits: the double itself.
+std::string exact(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// "merge:" + 16 hex digits of FNV-1a over what makes the merge (see merged_name()).
+std::string merge_name_of(const MergeSpec& spec, const std::vector<std::string>& names,
+                          AdapterSource source) {
+  const MergeStrategy st = spec.effective_strategy();
+  std::string key = source == AdapterSource::kHub ? "hub" : "local";
+  for (size_t i = 0; i < names.size(); ++i) key += '\0' + names[i] + '\0' + exact(spec.weights[i]);
+  key += std::string("\0") + merge_strategy_name(st);
+  const bool ties = st == MergeStrategy::kTies || st == MergeStrategy::kDareTies;
+  const bool dare = st == MergeStrategy::kDareLinear || st == MergeStrategy::kDareTies;
+  if (ties || dare) key += "\0density=" + exact(spec.density);
+  if (ties) key += std::string("\0sign=") + majority_sign_method_name(spec.majority_sign_method);
+  if (dare && spec.density < 1.0) key += "\0seed=" + std::to_string(spec.seed);
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::string("merge:") + hex;
+}
+
+}  // namespace
+
+std::string AdapterStore::merged_name(const MergeSpec& spec, AdapterSource source) const {
+  spec.validate();
+  std::vector<std::string> names;
+  for (const std::string& id : spec.ids) names.push_back(resolve_full(id, source).name);
+  return merge_name_of(spec, names, source);
+}
+
+void AdapterStore::get_merged(const MergeSpec& spec, AdapterSource source, Callback done) {
+  std::vector<Resolved> inputs;
+  std::string name;
+  std::shared_ptr<const MergeHooks> hooks;
+  try {
+    spec.validate();
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      hooks = impl_->merge_hooks;
+    }
+    if (!hooks)
+      throw ValidationError("merged_adapters",
+                            "`merged_adapters` is not supported on this server (no model to merge "
+                            "adapters for)");
+    std::vector<std::string> names;
+    for (const std::string& id : spec.ids) {
+      try {
+        inputs.push_back(resolve_full(id, source));
+      } catch (const Error& e) {
+        throw ValidationError("merged_adapters.ids",
+                              std::string("`merged_adapters.ids`: ") + e.what(), e.kind());
+      }
+      names.push_back(inputs.back().name);
+    }
+    name = merge_name_of(spec, names, source);
+  } catch (const Error& e) {
+    const AdapterError failure{e.kind(), e.what(), e.what()};
+    Impl::call(done, nullptr, &failure);
+    return;
+  }
+  std::shared_ptr<const LoraAdapter> ad;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping) {
+      ad = nullptr;
+    } else if (auto it = impl_->find_folder(name); it != impl_->lru.end()) {
+      impl_->lru.splice(impl_->lru.begin(), impl_->lru, it);  // LRU touch
+      ad = it->adapter;
+    } else {
+      auto [p, fresh] = impl_->pending.try_emplace(name);
+      if (fresh) {
+        p->second.name = name;
+        // Every input folder read onto the host again (checked like a load of it), merged, put on
+        // the device. The spec keeps the request's ids: the messages name them as the client did.
+        p->second.job = [hooks, inputs, spec, name]() -> std::shared_ptr<const LoraAdapter> {
+          std::vector<HostLoraAdapter> host;
+          host.reserve(inputs.size());
+          for (size_t i = 0; i < inputs.size(); ++i) {
+            try {
+              check_files(inputs[i].folder, inputs[i].root);
+              host.push_back(hooks->read_host(inputs[i].folder));
+            } catch (const std::exception& e) {
+              spdlog::warn("adapter store: {}: adapter '{}' ({}): {}", name, spec.ids[i],
+                           inputs[i].folder, e.what());
+              throw ValidationError("merged_adapters.ids",
+                                    "`merged_adapters.ids`: adapter '" + spec.ids[i] +
+                                        "' could not be loaded: it is not a LoRA adapter this "
+                                        "model can use (the server log has the reason)");
+            }
+          }
+          std::vector<const HostLoraAdapter*> ptrs;
+          for (const HostLoraAdapter& h : host) ptrs.push_back(&h);
+          const MergedLora merged = merge_adapters(spec, ptrs);
+          return hooks->upload(merged, name);
+        };
+        impl_->queue.push_back(name);
+      }
+      p->second.waiters.push_back(std::move(done));
+      impl_->cv.notify_one();
+      return;
+    }
+  }
+  if (!ad) {
+    const AdapterError shutdown{ErrorKind::kUnavailable, "server shutting down",
+                                "server shutting down"};
+    Impl::call(done, nullptr, &shutdown);
+    return;
+  }
+  Impl::call(done, std::move(ad), nullptr);
+}
+
+std::shared_ptr<const LoraAdapter> AdapterStore::get_merged_sync(const MergeSpec& spec,
+                                                                 AdapterSource source) {
+  using Result = std::pair<std::shared_ptr<const LoraAdapter>, AdapterError>;
+  auto result = std::make_shared<std::promise<Result>>();
+  auto fut = result->get_future();
+  get_merged(spec, source,
+             [result](std::shared_ptr<const LoraAdapter> ad, const AdapterError* error) {
+               result->set_value({std::move(ad), error ? *error : AdapterError{}});
+             });
+  auto [ad, error] = fut.get();
+  if (!ad) throw Error(error.message, error.kind);
   return ad;
 }
 

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "lora/lora_adapter.h"
+#include "lora/merge.h"
 
 namespace kestrel {
 
@@ -90,6 +91,33 @@ class AdapterStore {
   // Blocking form of get() (CLI, tests): throws kestrel::Error of the failure's kind with its
   // detail.
   std::shared_ptr<const LoraAdapter> get_sync(const std::string& id, AdapterSource source);
+
+  // merged_adapters (docs/lora.md, "Merged adapters"): read_host reads an adapter folder onto the
+  // host in F32 (FalconModel::read_host_adapter), upload puts a merged adapter on the device
+  // (FalconModel::adapter_from_merged). Both run on the loader threads and throw kestrel::Error.
+  struct MergeHooks {
+    std::function<HostLoraAdapter(const std::string& dir)> read_host;
+    std::function<std::shared_ptr<const LoraAdapter>(const MergedLora& merged,
+                                                     const std::string& name)>
+        upload;
+  };
+  // Set once, before the first get_merged. Without hooks get_merged fails every merge (422).
+  void set_merge_hooks(MergeHooks hooks);
+
+  // The name the merge of `spec` (its ids under `source`) loads under: "merge:" and 16 hex digits
+  // of a hash of the ids' canonical names, the weights and what of strategy, density, sign method
+  // and seed changes the result (one adapter is always linear; the seed counts only for DARE
+  // below density 1). Throws ValidationError for a spec that does not validate and Error like
+  // canonical_name for an id.
+  std::string merged_name(const MergeSpec& spec, AdapterSource source) const;
+
+  // The merged adapter of `spec`, made on first use on a loader thread (each input folder read
+  // onto the host again, merged with merge_adapters, uploaded) and then held like any adapter
+  // (LRU, memory budget, metrics) under merged_name(). A spec, an id or a merge the rules refuse
+  // (unequal ranks, ...) fails with kInvalidArgument and a message naming the merged_adapters
+  // field; a missing id with kNotFound.
+  void get_merged(const MergeSpec& spec, AdapterSource source, Callback done);
+  std::shared_ptr<const LoraAdapter> get_merged_sync(const MergeSpec& spec, AdapterSource source);
 
   // Loaded adapters, most recently used first.
   std::vector<LoadedAdapterInfo> loaded() const;

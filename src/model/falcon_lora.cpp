@@ -143,11 +143,11 @@ static void put_sharded(LoraAdapter& ad, const FalconConfig& full, int n, int64_
   }
 }
 
-std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& dir,
-                                                             const std::string& name) const {
-  KESTREL_CHECK(!(tp_.comm && !group_),
-                "LoRA adapters on one process of a multi-process (--nnodes) model are not "
-                "supported yet");
+// Reads and validates the PEFT folder DIR against the whole model's config `c`, and calls
+// put(layer, module, host F32 a, host F32 b, scale, both stored as F16) for every module it
+// holds. Shared by load_adapter and read_host_adapter.
+template <typename Put>
+static LoraConfig read_adapter_folder(const std::string& dir, const FalconConfig& c, Put&& put) {
   KESTREL_CHECK(fs::is_directory(dir), "LoRA adapter folder ", dir, " does not exist");
   const LoraConfig cfg = LoraConfig::from_file((fs::path(dir) / "adapter_config.json").string());
   const fs::path st = fs::path(dir) / "adapter_model.safetensors";
@@ -158,7 +158,6 @@ std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& 
     KESTREL_FAIL("LoRA adapter ", dir, " has no adapter_model.safetensors");
   }
   const std::shared_ptr<SafetensorsFile> file = SafetensorsFile::open(st.string());
-  const FalconConfig& c = config_;  // the whole model's (a tensor-parallel group's top)
   for (int64_t l : cfg.layers_to_transform)
     KESTREL_CHECK(l < c.n_layers, "LoRA adapter ", dir, ": layers_to_transform names layer ", l,
                   " of a ", c.n_layers, "-layer model");
@@ -181,9 +180,6 @@ std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& 
     KESTREL_CHECK(info.shape.size() == 2, "LoRA adapter ", st.string(), ": tensor ", key,
                   " has shape ", shape_str(info.shape), ", a matrix expected");
   }
-  const int n = tp_.size;
-  auto ad = std::make_shared<LoraAdapter>(name, dir, n, c.n_layers);
-  const DType dtype = ops::weight_dtype(device_);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int i = 0; i < kLoraModules; ++i) {
       const auto m = static_cast<LoraModule>(i);
@@ -211,11 +207,71 @@ std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& 
                     shape_str(b->shape), ", the base model needs ", shape_str(Shape{out, r}));
       const Tensor ha = ops::upload_weight(a->data, a->dtype, a->shape, DType::kF32, Device::kCpu);
       const Tensor hb = ops::upload_weight(b->data, b->dtype, b->shape, DType::kF32, Device::kCpu);
-      // F16 adapters stay F16 on CUDA (the kernels read either; bf16 would drop 3 bits).
-      const bool keep_f16 =
-          device_ == Device::kCuda && a->dtype == DType::kF16 && b->dtype == DType::kF16;
-      put_sharded(*ad, c, n, l, m, ha, hb, cfg.scale_for(l, m), keep_f16 ? DType::kF16 : dtype,
-                  device_);
+      put(l, m, ha, hb, cfg.scale_for(l, m), a->dtype == DType::kF16 && b->dtype == DType::kF16);
+    }
+  }
+  return cfg;
+}
+
+std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& dir,
+                                                             const std::string& name) const {
+  KESTREL_CHECK(!(tp_.comm && !group_),
+                "LoRA adapters on one process of a multi-process (--nnodes) model are not "
+                "supported yet");
+  const FalconConfig& c = config_;  // the whole model's (a tensor-parallel group's top)
+  const int n = tp_.size;
+  auto ad = std::make_shared<LoraAdapter>(name, dir, n, c.n_layers);
+  const DType dtype = ops::weight_dtype(device_);
+  read_adapter_folder(
+      dir, c,
+      [&](int64_t l, LoraModule m, const Tensor& ha, const Tensor& hb, float scale, bool f16) {
+        // F16 adapters stay F16 on CUDA (the kernels read either; bf16 would drop
+        // 3 bits).
+        const bool keep_f16 = device_ == Device::kCuda && f16;
+        put_sharded(*ad, c, n, l, m, ha, hb, scale, keep_f16 ? DType::kF16 : dtype, device_);
+      });
+  ops::synchronize(device_);
+  return ad;
+}
+
+HostLoraAdapter FalconModel::read_host_adapter(const std::string& dir) const {
+  const FalconConfig& c = config_;
+  HostLoraAdapter host;
+  host.layers.resize(c.n_layers);
+  host.config = read_adapter_folder(
+      dir, c, [&](int64_t l, LoraModule m, const Tensor& ha, const Tensor& hb, float scale, bool) {
+        LoraFactors& f = host.layers[l][static_cast<int>(m)];
+        f.a = ha;
+        f.b = hb;
+        f.scale = scale;
+      });
+  return host;
+}
+
+std::shared_ptr<const LoraAdapter> FalconModel::adapter_from_merged(const MergedLora& merged,
+                                                                    const std::string& name) const {
+  KESTREL_CHECK(!(tp_.comm && !group_),
+                "LoRA adapters on one process of a multi-process (--nnodes) model are not "
+                "supported yet");
+  const FalconConfig& c = config_;
+  KESTREL_CHECK(static_cast<int64_t>(merged.layers.size()) == c.n_layers, "merged adapter ", name,
+                " has ", merged.layers.size(), " layers, the model ", c.n_layers);
+  const int n = tp_.size;
+  auto ad = std::make_shared<LoraAdapter>(name, "", n, c.n_layers);
+  const DType dtype = ops::weight_dtype(device_);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (int i = 0; i < kLoraModules; ++i) {
+      const auto m = static_cast<LoraModule>(i);
+      const LoraFactors& f = merged.layers[l][i];
+      if (!f.defined()) continue;
+      const auto [out, in] = module_dims(c, m);
+      KESTREL_CHECK(f.a.ndim() == 2 && f.b.ndim() == 2 && f.a.dim(0) == f.b.dim(1) &&
+                        f.a.dim(1) == in && f.b.dim(0) == out && f.a.dtype() == DType::kF32 &&
+                        f.b.dtype() == DType::kF32,
+                    "merged adapter ", name, ": ", lora_module_key(l, m), " has A ",
+                    shape_str(f.a.shape()), " and B ", shape_str(f.b.shape()),
+                    ", the base model needs [r, ", in, "] and [", out, ", r] in F32");
+      put_sharded(*ad, c, n, l, m, f.a, f.b, static_cast<float>(f.scale), dtype, device_);
     }
   }
   ops::synchronize(device_);

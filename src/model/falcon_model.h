@@ -12,6 +12,7 @@
 #include "io/falcon_config.h"
 #include "kv/kv_cache.h"
 #include "lora/lora_adapter.h"
+#include "lora/merge.h"
 #include "model/forward_batch.h"
 
 namespace kestrel {
@@ -107,6 +108,14 @@ class FalconModel {
   // step loop's thread while forwards run.
   std::shared_ptr<const LoraAdapter> load_adapter(const std::string& dir,
                                                   const std::string& name) const;
+  // The same folder read and validated as load_adapter does, its A and B kept on the host in F32
+  // (unsharded) with each module's scale: the input of merge_adapters (merged_adapters).
+  HostLoraAdapter read_host_adapter(const std::string& dir) const;
+  // A merged adapter (merge_adapters' result, made from adapters of this model) on the model's
+  // device, sharded per rank like a loaded one; source "" (it has no folder). Checks every
+  // module's shapes against the model.
+  std::shared_ptr<const LoraAdapter> adapter_from_merged(const MergedLora& merged,
+                                                         const std::string& name) const;
   // Random adapter of rank r on `modules` (benchmarks), drawn on the device.
   std::shared_ptr<const LoraAdapter> random_adapter(const std::string& name, int64_t r,
                                                     const std::vector<LoraModule>& modules,
