@@ -26,7 +26,7 @@ std::string num(double v) {
 
 // Parameters the engine cannot honour yet: accepted when absent, null or false.
 void refuse_unsupported(const json& p) {
-  for (const char* field : {"merged_adapters", "adapter_parameters", "api_token"}) {
+  for (const char* field : {"adapter_parameters", "api_token"}) {
     auto it = p.find(field);
     if (it != p.end() && !it->is_null())
       invalid(field, std::string("`") + field + "` is not supported yet");
@@ -51,6 +51,54 @@ std::optional<AdapterRef> parse_adapter(const json& p) {
   if (!id || id->empty()) return std::nullopt;
   ref.id = *id;
   return ref;
+}
+
+// LoRAX's merged_adapters {ids, weights, merge_strategy, density, majority_sign_method} (null
+// fields as absent): a MergeSpec, validated (422s name merged_adapters.<field>). The seed is set
+// by the caller.
+MergeSpec parse_merged_adapters(const json& m) {
+  if (!m.is_object())
+    invalid("merged_adapters",
+            std::string("`merged_adapters` must be an object, got ") + m.type_name());
+  MergeSpec spec;
+  const json& ids = member_or_null(m, "ids");
+  if (ids.is_null()) invalid("merged_adapters.ids", "`merged_adapters.ids` is required");
+  if (!ids.is_array())
+    invalid("merged_adapters.ids", std::string("`merged_adapters.ids` must be an array of adapter "
+                                               "ids, got ") +
+                                       ids.type_name());
+  for (const json& id : ids) {
+    if (!id.is_string() || id.get<std::string>().empty())
+      invalid("merged_adapters.ids", "`merged_adapters.ids` must hold non-empty strings");
+    spec.ids.push_back(id.get<std::string>());
+  }
+  const json& w = member_or_null(m, "weights");
+  if (w.is_null()) {
+    spec.weights.assign(spec.ids.size(), 1.0);
+  } else {
+    if (!w.is_array())
+      invalid("merged_adapters.weights",
+              std::string("`merged_adapters.weights` must be an array of numbers, got ") +
+                  w.type_name());
+    for (const json& x : w) {
+      if (!x.is_number())
+        invalid("merged_adapters.weights", "`merged_adapters.weights` must hold numbers");
+      spec.weights.push_back(x.get<double>());
+    }
+  }
+  try {
+    if (auto st = opt_string(m, "merge_strategy")) spec.strategy = parse_merge_strategy(*st);
+    if (auto d = opt_number(m, "density")) spec.density = *d;
+    if (auto sm = opt_string(m, "majority_sign_method"))
+      spec.majority_sign_method = parse_majority_sign_method(*sm);
+  } catch (const ValidationError& e) {
+    // opt_* name the bare key: the field is inside merged_adapters.
+    if (e.field().rfind("merged_adapters.", 0) == 0) throw;
+    throw ValidationError("merged_adapters." + e.field(),
+                          "merged_adapters." + e.field() + ": " + e.what(), e.kind());
+  }
+  spec.validate();
+  return spec;
 }
 
 }  // namespace
@@ -130,6 +178,11 @@ GenerateParams parse_generate_request(const json& body, bool stream, const Reque
   const json& p = *pp;
   refuse_unsupported(p);
   g.adapter = parse_adapter(p);
+  if (const json& m = member_or_null(p, "merged_adapters"); !m.is_null()) {
+    if (g.adapter) invalid("merged_adapters", "give `adapter_id` or `merged_adapters`, not both");
+    g.merged = parse_merged_adapters(m);
+    if (auto src = opt_string(p, "adapter_source")) g.merged_source = parse_adapter_source(*src);
+  }
   const json& rf = member_or_null(p, "response_format");
   const json& gr = member_or_null(p, "grammar");
   if (!rf.is_null() && !gr.is_null())
@@ -164,6 +217,7 @@ GenerateParams parse_generate_request(const json& body, bool stream, const Reque
   if (auto seed = opt_int(p, "seed")) {
     if (*seed < 0) invalid("seed", "`seed` must be >= 0, got " + std::to_string(*seed));
     sp.seed = static_cast<uint64_t>(*seed);
+    if (g.merged) g.merged->seed = *sp.seed;
   }
   sp.stop = opt_string_list(p, "stop");
   if (static_cast<int64_t>(sp.stop.size()) > limits.max_stop_sequences)

@@ -11,6 +11,7 @@
 #include "engine/sampling_params.h"
 #include "grammar/constraint.h"
 #include "lora/adapter_store.h"
+#include "lora/merge.h"
 #include "server/json_util.h"
 
 namespace kestrel::server {
@@ -39,8 +40,12 @@ struct GenerateParams {
   bool details = false;
   bool decoder_input_details = false;
   bool return_full_text = false;
-  std::optional<int64_t> truncate;          // keep the last N prompt tokens
-  std::optional<AdapterRef> adapter;        // adapter_id (null or "": the base model)
+  std::optional<int64_t> truncate;    // keep the last N prompt tokens
+  std::optional<AdapterRef> adapter;  // adapter_id (null or "": the base model)
+  // merged_adapters (never with adapter_id); its ids under `merged_source` (adapter_source), its
+  // seed parameters.seed (absent: 0).
+  std::optional<MergeSpec> merged;
+  AdapterSource merged_source = AdapterSource::kLocal;
   std::optional<grammar::Spec> constraint;  // response_format or grammar (structured output)
 };
 

@@ -6,6 +6,7 @@
 #include "server/http_server.h"
 
 #include <csignal>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -231,13 +232,27 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     adapter_label_ = r.adapter ? r.adapter->id : "";
     metrics_label_.clear();
     adapter_source_ = r.adapter && r.adapter->source == AdapterSource::kHub ? "hub" : "local";
-    if (r.adapter) return wait_for_adapter(std::move(r.request), *r.adapter);
+    if (r.adapter) {
+      const AdapterRef ref = *r.adapter;
+      return wait_for_adapter(std::move(r.request), ref.id, [this, ref](AdapterStore::Callback cb) {
+        srv_.api.options().adapters->get(ref.id, ref.source, std::move(cb));
+      });
+    }
+    if (r.merged) {
+      auto merged = std::make_shared<const Routed::Merged>(std::move(*r.merged));
+      return wait_for_adapter(
+          std::move(r.request), "merged_adapters", [this, merged](AdapterStore::Callback cb) {
+            srv_.api.options().adapters->get_merged(merged->spec, merged->source, std::move(cb));
+          });
+    }
     start_generation(std::move(r.request));
   }
 
-  // The adapter loads on the store's thread; its callback posts back onto this strand, so neither
-  // this session's thread nor the engine waits. The request holds its gate slot meanwhile.
-  void wait_for_adapter(GenerationRequest request, const AdapterRef& ref) {
+  // The adapter loads (or merges) on the store's thread; its callback posts back onto this
+  // strand, so neither this session's thread nor the engine waits. The request holds its gate
+  // slot meanwhile. `get` asks the store; `what` names the request's adapter in the log.
+  void wait_for_adapter(GenerationRequest request, const std::string& what,
+                        const std::function<void(AdapterStore::Callback)>& get) {
     waiting_request_ = std::move(request);
     waiting_adapter_ = true;
     std::weak_ptr<Session> weak = shared_from_this();
@@ -254,9 +269,9 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
       });
     };
     try {
-      srv_.api.options().adapters->get(ref.id, ref.source, done);
+      get(done);
     } catch (const std::exception& e) {
-      spdlog::error("adapter store: get '{}' threw: {}", ref.id, e.what());
+      spdlog::error("adapter store: get '{}' threw: {}", what, e.what());
       const AdapterError failure{ErrorKind::kInternal, "the adapter store failed", e.what()};
       done(nullptr, &failure);
     }

@@ -118,7 +118,8 @@ Routed Api::route(const RequestHead& head, const std::string& body) {
       r = dispatch(head.method, path, body);
   } catch (const ValidationError& e) {
     // One failure reason a request: an adapter that cannot be used counts as "adapter".
-    const bool adapter = e.field() == "adapter_id" || e.field() == "model";
+    const bool adapter =
+        e.field() == "adapter_id" || e.field() == "model" || e.field() == "merged_adapters.ids";
     metrics_.request_failed(adapter ? "adapter" : http_status(e.kind()).error_type);
     r = answer(error_reply(e.kind(), validation_message(e)));
   } catch (const Error& e) {
@@ -251,6 +252,13 @@ Routed Api::generate(const std::string& body, bool stream_default, bool from_roo
   if (g.adapter) {
     check_adapter(*g.adapter, "adapter_id");
     r.adapter = g.adapter;
+  }
+  if (g.merged) {
+    if (!options_.adapters)
+      throw ValidationError("merged_adapters",
+                            "`merged_adapters` names adapters, but adapters are not enabled on "
+                            "this server");
+    r.merged = Routed::Merged{*g.merged, g.merged_source};
   }
   r.request.prompt_ids = std::move(ids);
   r.request.params = g.sampling;

@@ -73,6 +73,12 @@ struct Routed {
   // Set: the session gets this adapter from ApiOptions::adapters (loaded off its thread) into
   // request.adapter before it submits.
   std::optional<AdapterRef> adapter;
+  // Set: the session gets the merge of these adapters (AdapterStore::get_merged) instead.
+  struct Merged {
+    MergeSpec spec;
+    AdapterSource source = AdapterSource::kLocal;
+  };
+  std::optional<Merged> merged;
 };
 
 struct ApiOptions {

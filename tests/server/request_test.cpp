@@ -102,9 +102,7 @@ TEST(GenerateRequest, ValidationNamesTheField) {
 }
 
 TEST(GenerateRequest, UnsupportedYet) {
-  for (const char* body :
-       {R"({"inputs": "x", "parameters": {"merged_adapters": {"ids": ["a", "b"]}}})",
-        R"({"inputs": "x", "parameters": {"watermark": true}})"}) {
+  for (const char* body : {R"({"inputs": "x", "parameters": {"watermark": true}})"}) {
     try {
       parse(body);
       ADD_FAILURE() << body;
@@ -112,10 +110,58 @@ TEST(GenerateRequest, UnsupportedYet) {
       EXPECT_NE(std::string(e.what()).find("not supported yet"), std::string::npos) << e.what();
     }
   }
-  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"merged_adapters": {}}})"),
-            "merged_adapters");
   EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"adapter_parameters": {"ids": []}}})"),
             "adapter_parameters");
+}
+
+TEST(GenerateRequest, MergedAdapters) {
+  GenerateParams g = parse(R"({"inputs": "x", "parameters": {"merged_adapters": {"ids": ["a", "b"]},
+      "adapter_source": "hub"}})");
+  ASSERT_TRUE(g.merged);
+  EXPECT_FALSE(g.adapter);
+  EXPECT_EQ(g.merged->ids, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(g.merged->weights, (std::vector<double>{1.0, 1.0}));
+  EXPECT_EQ(g.merged->strategy, MergeStrategy::kLinear);
+  EXPECT_EQ(g.merged->density, 1.0);
+  EXPECT_EQ(g.merged->majority_sign_method, MajoritySignMethod::kTotal);
+  EXPECT_EQ(g.merged->seed, 0u);
+  EXPECT_EQ(g.merged_source, AdapterSource::kHub);
+
+  // lorax-client sends every field, null where unset.
+  g = parse(R"({"inputs": "x", "parameters": {"seed": 7, "adapter_id": null,
+      "merged_adapters": {"ids": ["a", "b"], "weights": [0.3, -0.5], "merge_strategy": "dare_ties",
+      "density": 0.4, "majority_sign_method": "frequency"}}})");
+  ASSERT_TRUE(g.merged);
+  EXPECT_EQ(g.merged->weights, (std::vector<double>{0.3, -0.5}));
+  EXPECT_EQ(g.merged->strategy, MergeStrategy::kDareTies);
+  EXPECT_EQ(g.merged->density, 0.4);
+  EXPECT_EQ(g.merged->majority_sign_method, MajoritySignMethod::kFrequency);
+  EXPECT_EQ(g.merged->seed, 7u);
+  g = parse(R"({"inputs": "x", "parameters": {"merged_adapters": {"ids": ["a"], "weights": null,
+      "merge_strategy": null, "density": 1.0, "majority_sign_method": null}}})");
+  ASSERT_TRUE(g.merged);
+  EXPECT_EQ(g.merged->weights, (std::vector<double>{1.0}));
+  EXPECT_FALSE(parse(R"({"inputs": "x", "parameters": {"merged_adapters": null}})").merged);
+
+  const auto merged = [](const std::string& m) {
+    return field_of(R"({"inputs": "x", "parameters": {"merged_adapters": )" + m + "}}");
+  };
+  EXPECT_EQ(merged("{}"), "merged_adapters.ids");
+  EXPECT_EQ(merged("3"), "merged_adapters");
+  EXPECT_EQ(merged(R"({"ids": []})"), "merged_adapters.ids");
+  EXPECT_EQ(merged(R"({"ids": "a"})"), "merged_adapters.ids");
+  EXPECT_EQ(merged(R"({"ids": [1]})"), "merged_adapters.ids");
+  EXPECT_EQ(merged(R"({"ids": ["a", "b"], "weights": [1]})"), "merged_adapters.weights");
+  EXPECT_EQ(merged(R"({"ids": ["a"], "weights": ["x"]})"), "merged_adapters.weights");
+  EXPECT_EQ(merged(R"({"ids": ["a"], "merge_strategy": "svd"})"), "merged_adapters.merge_strategy");
+  EXPECT_EQ(merged(R"({"ids": ["a"], "merge_strategy": 3})"), "merged_adapters.merge_strategy");
+  EXPECT_EQ(merged(R"({"ids": ["a"], "density": 1.5})"), "merged_adapters.density");
+  EXPECT_EQ(merged(R"({"ids": ["a"], "density": "half"})"), "merged_adapters.density");
+  EXPECT_EQ(merged(R"({"ids": ["a"], "majority_sign_method": "mean"})"),
+            "merged_adapters.majority_sign_method");
+  EXPECT_EQ(field_of(R"({"inputs": "x", "parameters": {"adapter_id": "a",
+      "merged_adapters": {"ids": ["b"]}}})"),
+            "merged_adapters");
 }
 
 TEST(GenerateRequest, StructuredOutputShapes) {

@@ -39,7 +39,8 @@ def assert_validation(r, field):
     ({"return_k_alternatives": 100}, "return_k_alternatives"),
     ({"adapter_id": 7}, "adapter_id"),
     ({"adapter_id": "a", "adapter_source": "s3"}, "adapter_source"),
-    ({"merged_adapters": {"ids": ["a", "b"]}}, "merged_adapters"),
+    ({"merged_adapters": {"ids": ["a", "b"], "merge_strategy": "svd"}}, "merged_adapters.merge_strategy"),
+    ({"merged_adapters": {"ids": ["a"], "density": 2}}, "merged_adapters.density"),
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_object", "schema": {"uniqueItems": True}}}, "uniqueItems"),
     ({"grammar": {"type": "regex", "value": "(unclosed"}}, "grammar"),
@@ -50,7 +51,7 @@ def test_bad_parameters(url, params, field):
 
 
 def test_not_supported_yet_message(url):
-    for params in ({"merged_adapters": {"ids": ["a"]}}, {"watermark": True}):
+    for params in ({"watermark": True},):
         r = post(url, "/generate", {"inputs": "Hello", "parameters": params})
         assert "not supported yet" in r.json()["error"]
 

@@ -245,7 +245,8 @@ def test_broken_adapters_fail_alone(lora_server, lurl, layout):
 def test_unsupported_source_and_fields(lurl):
     assert_error(generate(lurl, "x", adapter_id="a", adapter_source="s3"), 422, "s3",
                  "adapter_source")
-    assert_error(generate(lurl, "x", merged_adapters={"ids": ["a", "b"]}), 422, "merged_adapters")
+    assert_error(generate(lurl, "x", adapter_id="pre", merged_adapters={"ids": ["a", "b"]}), 422,
+                 "merged_adapters")
     assert_error(generate(lurl, "x", adapter_parameters={"ids": ["a"]}), 422,
                  "adapter_parameters")
 
