@@ -661,12 +661,17 @@ void AdapterStore::get_merged(const MergeSpec& spec, AdapterSource source, Callb
         // Every input folder read onto the host again (checked like a load of it), merged, put on
         // the device. The spec keeps the request's ids: the messages name them as the client did.
         p->second.job = [hooks, inputs, spec, name]() -> std::shared_ptr<const LoraAdapter> {
-          std::vector<HostLoraAdapter> host;
-          host.reserve(inputs.size());
+          // One read per folder: an id given twice (or two spellings of it) shares it.
+          std::map<std::string, HostLoraAdapter> host;
+          std::vector<const HostLoraAdapter*> ptrs;
           for (size_t i = 0; i < inputs.size(); ++i) {
             try {
-              check_files(inputs[i].folder, inputs[i].root);
-              host.push_back(hooks->read_host(inputs[i].folder));
+              auto it = host.find(inputs[i].folder);
+              if (it == host.end()) {
+                check_files(inputs[i].folder, inputs[i].root);
+                it = host.emplace(inputs[i].folder, hooks->read_host(inputs[i].folder)).first;
+              }
+              ptrs.push_back(&it->second);
             } catch (const std::exception& e) {
               spdlog::warn("adapter store: {}: adapter '{}' ({}): {}", name, spec.ids[i],
                            inputs[i].folder, e.what());
@@ -676,8 +681,6 @@ void AdapterStore::get_merged(const MergeSpec& spec, AdapterSource source, Callb
                                         "model can use (the server log has the reason)");
             }
           }
-          std::vector<const HostLoraAdapter*> ptrs;
-          for (const HostLoraAdapter& h : host) ptrs.push_back(&h);
           const MergedLora merged = merge_adapters(spec, ptrs);
           return hooks->upload(merged, name);
         };

@@ -53,6 +53,9 @@ std::optional<AdapterRef> parse_adapter(const json& p) {
   return ref;
 }
 
+// The adapters one merge may name (each is read from its folder for the merge).
+constexpr size_t kMaxMergedAdapters = 32;
+
 // LoRAX's merged_adapters {ids, weights, merge_strategy, density, majority_sign_method} (null
 // fields as absent): a MergeSpec, validated (422s name merged_adapters.<field>). The seed is set
 // by the caller.
@@ -67,6 +70,10 @@ MergeSpec parse_merged_adapters(const json& m) {
     invalid("merged_adapters.ids", std::string("`merged_adapters.ids` must be an array of adapter "
                                                "ids, got ") +
                                        ids.type_name());
+  if (ids.size() > kMaxMergedAdapters)
+    invalid("merged_adapters.ids", "`merged_adapters.ids` names " + std::to_string(ids.size()) +
+                                       " adapters; at most " + std::to_string(kMaxMergedAdapters) +
+                                       " are merged at once");
   for (const json& id : ids) {
     if (!id.is_string() || id.get<std::string>().empty())
       invalid("merged_adapters.ids", "`merged_adapters.ids` must hold non-empty strings");

@@ -61,7 +61,7 @@ MergeSpec spec_of(const json& merge) {
 // A store over the fixture's adapters folder with the model's loader and merge hooks; uploads
 // counts the merged adapters put on the device.
 struct Store {
-  std::atomic<int> uploads{0};
+  std::atomic<int> uploads{0}, reads{0};
   AdapterStore store;
   Store()
       : store([](const std::string& dir,
@@ -71,7 +71,10 @@ struct Store {
                 o.adapters_dir = merge_dir() + "/adapters";
                 return o;
               }()) {
-    store.set_merge_hooks({[](const std::string& dir) { return model().read_host_adapter(dir); },
+    store.set_merge_hooks({[this](const std::string& dir) {
+                             ++reads;
+                             return model().read_host_adapter(dir);
+                           },
                            [this](const MergedLora& merged, const std::string& name) {
                              ++uploads;
                              return model().adapter_from_merged(merged, name);
@@ -143,6 +146,7 @@ TEST(MergedStore, SameMergeLoadsOnce) {
   spec.seed = 1234;
   EXPECT_EQ(s.store.get_merged_sync(spec, AdapterSource::kLocal).get(), first.get());
   EXPECT_EQ(s.uploads.load(), 1);
+  EXPECT_EQ(s.reads.load(), 3);  // ties_total merges three adapters
   int merges = 0;
   for (const LoadedAdapterInfo& info : s.store.loaded()) {
     if (info.name != first->name()) continue;
@@ -170,6 +174,14 @@ TEST(MergedStore, SameMergeLoadsOnce) {
   }
   EXPECT_NE(got[0].get(), first.get());
   EXPECT_EQ(s.uploads.load(), 2);
+
+  // An adapter named twice is read once.
+  MergeSpec twice;
+  twice.ids = {"m1-r4-all", "m1-r4-all"};
+  twice.weights = {0.5, 0.25};
+  s.reads = 0;
+  EXPECT_EQ(s.store.get_merged_sync(twice, AdapterSource::kLocal)->max_rank(), 4);
+  EXPECT_EQ(s.reads.load(), 1);
 
   // DARE below density 1: the seed is part of the merge.
   MergeSpec dare = spec_of(fixture().at("merges").at("dare_ties_total_d05"));

@@ -151,6 +151,12 @@ TEST(GenerateRequest, MergedAdapters) {
   EXPECT_EQ(merged(R"({"ids": []})"), "merged_adapters.ids");
   EXPECT_EQ(merged(R"({"ids": "a"})"), "merged_adapters.ids");
   EXPECT_EQ(merged(R"({"ids": [1]})"), "merged_adapters.ids");
+  std::string many = R"({"ids": [)";
+  for (int i = 0; i < 33; ++i) many += std::string(i ? "," : "") + "\"a\"";
+  EXPECT_EQ(merged(many + "]}"), "merged_adapters.ids");
+  many = R"({"ids": [)";
+  for (int i = 0; i < 32; ++i) many += std::string(i ? "," : "") + "\"a\"";
+  EXPECT_EQ(merged(many + "]}"), "");
   EXPECT_EQ(merged(R"({"ids": ["a", "b"], "weights": [1]})"), "merged_adapters.weights");
   EXPECT_EQ(merged(R"({"ids": ["a"], "weights": ["x"]})"), "merged_adapters.weights");
   EXPECT_EQ(merged(R"({"ids": ["a"], "merge_strategy": "svd"})"), "merged_adapters.merge_strategy");
