@@ -59,13 +59,15 @@ MergeSpec spec_of(const json& merge) {
 }
 
 // A store over the fixture's adapters folder with the model's loader and merge hooks; uploads
-// counts the merged adapters put on the device.
+// counts the merged adapters put on the device, reads the folders read onto the host.
 struct Store {
   std::atomic<int> uploads{0}, reads{0};
+  const FalconModel& m;
   AdapterStore store;
-  Store()
-      : store([](const std::string& dir,
-                 const std::string& name) { return model().load_adapter(dir, name); },
+  explicit Store(const FalconModel& on = model())
+      : m(on),
+        store([this](const std::string& dir,
+                     const std::string& name) { return m.load_adapter(dir, name); },
               [] {
                 AdapterStoreOptions o;
                 o.adapters_dir = merge_dir() + "/adapters";
@@ -73,11 +75,11 @@ struct Store {
               }()) {
     store.set_merge_hooks({[this](const std::string& dir) {
                              ++reads;
-                             return model().read_host_adapter(dir);
+                             return m.read_host_adapter(dir);
                            },
                            [this](const MergedLora& merged, const std::string& name) {
                              ++uploads;
-                             return model().adapter_from_merged(merged, name);
+                             return m.adapter_from_merged(merged, name);
                            }});
   }
 };
@@ -134,6 +136,28 @@ TEST(MergedStore, MergedRequestGivesPeftLogitsAloneAndBatched) {
     EXPECT_LE(test::rel_error(rows(all, n1, all.dim(0)), unmerged_alone), 1e-5);
   }
   EXPECT_EQ(s.uploads.load(), 3);
+}
+
+// On a model split over two ranks the merged adapter is sharded like a loaded one: the same
+// logits.
+TEST(MergedStore, MergedAdapterOnTwoRanks) {
+  const FalconModel tp = FalconModel::load(
+      merge_dir() + "/" + fixture().at("base").get<std::string>(), Device::kCpu, 2);
+  Store s(tp);
+  const std::vector<int32_t> p = prompt();
+  for (const char* name : {"linear", "dare_ties_total_d05"}) {
+    SCOPED_TRACE(name);
+    const auto merged =
+        s.store.get_merged_sync(spec_of(fixture().at("merges").at(name)), AdapterSource::kLocal);
+    ASSERT_EQ(merged->n_ranks(), 2);
+    RunnerOptions opt;
+    opt.adapters = {merged.get()};
+    BatchRunner runner(tp, {p}, 0, opt);
+    const Tensor logits = runner.prefill(/*all_logits=*/true);
+    const WeightStore want = WeightStore::open_file(merge_dir() + "/expected_logits_" +
+                                                    std::string(name) + ".safetensors");
+    EXPECT_LE(test::rel_error(logits, want.borrow("logits")), 1e-4);
+  }
 }
 
 TEST(MergedStore, SameMergeLoadsOnce) {
