@@ -311,7 +311,8 @@ struct AdapterStore::Impl {
       const std::string folder = queue.front();
       queue.pop_front();
       const std::string name = pending[folder].name, root = pending[folder].root;
-      Job job = pending[folder].job ? pending[folder].job : folder_job(loader, folder, name, root);
+      const bool merge = static_cast<bool>(pending[folder].job);
+      Job job = merge ? pending[folder].job : folder_job(loader, folder, name, root);
       std::vector<std::shared_ptr<const LoraAdapter>> dropped;
       AdapterError error;
       std::shared_ptr<const LoraAdapter> ad;
@@ -333,8 +334,10 @@ struct AdapterStore::Impl {
           ad = it->adapter;  // preloaded meanwhile
         } else if (ad) {
           if (std::string why = insert(o, name, folder, ad, dropped); why.empty()) {
-            spdlog::info("adapter store: loaded {} from {} ({:.1f} MiB, max rank {}) in {:.2f} s",
-                         name, folder, ad->bytes() / kMiB, ad->max_rank(), s);
+            spdlog::info("adapter store: {} {} {} ({:.1f} MiB, max rank {}) in {:.2f} s",
+                         merge ? "merged" : "loaded", name,
+                         merge ? "from merged_adapters" : "from " + folder, ad->bytes() / kMiB,
+                         ad->max_rank(), s);
           } else {
             error = {ErrorKind::kOverloaded, "adapter '" + name + "': " + why, why};
             ad.reset();
