@@ -35,7 +35,8 @@ void walk(grammar::Matcher& m, int64_t words, int steps, std::mt19937& rng) {
     grammar::fill_bitmasks({&m}, mask.data(), words, 1);
     std::vector<int32_t> ok;
     for (int32_t id = 0; id < kVocab; ++id) {
-      if (id != kEos && ((static_cast<uint32_t>(mask[id >> 5]) >> (id & 31)) & 1u)) ok.push_back(id);
+      if (id != kEos && ((static_cast<uint32_t>(mask[id >> 5]) >> (id & 31)) & 1u))
+        ok.push_back(id);
     }
     if (ok.empty()) return;
     m.accept(ok[rng() % ok.size()]);
@@ -72,7 +73,7 @@ BENCHMARK(BM_FillBitmasks)
 void BM_Compile(benchmark::State& state) {
   int i = 0;
   grammar::Compiler c(*g_tok, kVocab, kEos, {1, 1});
-  for (auto _ : state) {  // a fresh schema each time (the cache holds one entry)
+  for (auto _ : state) {       // a fresh schema each time (the cache holds one entry)
     std::string s = g_schema;  // every "id" renamed: the property and its `required` entry
     const std::string to = "\"id" + std::to_string(i++) + "\"";
     for (size_t at = s.find("\"id\""); at != std::string::npos; at = s.find("\"id\"", at + 1)) {

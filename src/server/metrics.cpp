@@ -240,8 +240,8 @@ void Metrics::render_grammar(const grammar::CompilerStats& g, std::string& out) 
   header(out, "kestrel_grammar_compile_seconds", "summary", "Grammar compile time (recent)");
   for (const auto& [q, label] : {std::pair{0.5, "0.5"}, {0.9, "0.9"}, {0.99, "0.99"}}) {
     const double v = t.empty() ? 0.0 : t[std::min(t.size() - 1, size_t(q * double(t.size())))];
-    out += std::string("kestrel_grammar_compile_seconds{quantile=\"") + label + "\"} " + fmt(v) +
-           "\n";
+    out +=
+        std::string("kestrel_grammar_compile_seconds{quantile=\"") + label + "\"} " + fmt(v) + "\n";
   }
   double sum = 0;
   for (double v : t) sum += v;
