@@ -45,6 +45,7 @@ struct Pending::State {
   std::shared_ptr<const Compiled> grammar;
   std::string error;
   double seconds = 0;
+  int64_t bytes = 0;  // the compiled grammar's memory, counted while the cache holds it
 };
 
 bool Pending::ready() const {
@@ -116,6 +117,7 @@ struct Compiler::Impl {
   struct Job {
     xgrammar::Grammar grammar;
     std::shared_ptr<Pending::State> state;
+    std::string key;
   };
   std::deque<Job> jobs;
   // LRU: most recently used first; the map points into the list.
@@ -126,6 +128,19 @@ struct Compiler::Impl {
 
   Impl(const xgrammar::TokenizerInfo& info, Options o)
       : compiler(info, /*max_threads=*/std::max(1, o.threads), /*cache_enabled=*/false), opt(o) {}
+
+  // Drops least recently used entries beyond the entry and byte bounds (never `keep`, the compile
+  // that just finished). Requests holding a dropped grammar keep it. Called with mu held.
+  void evict(const Pending::State* keep) {
+    for (auto it = lru.end(); it != lru.begin() && (lru.size() > opt.cache_entries ||
+                                                    stats.cached_bytes > opt.cache_bytes);) {
+      --it;
+      if (it->second.get() == keep) continue;
+      stats.cached_bytes -= it->second->bytes;
+      index.erase(it->first);
+      it = lru.erase(it);
+    }
+  }
 
   void work() {
     for (;;) {
@@ -149,13 +164,13 @@ struct Compiler::Impl {
       }
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const int64_t bytes = done ? static_cast<int64_t>(done->grammar.MemorySizeBytes()) : 0;
       {
         std::lock_guard<std::mutex> lock(job.state->mu);
         job.state->grammar = std::move(done);
         job.state->error = error;
         job.state->seconds = secs;
       }
-      job.state->ready.store(true, std::memory_order_release);
       std::function<void()> notify;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -165,8 +180,15 @@ struct Compiler::Impl {
         if (stats.recent_seconds.size() > 1024) {
           stats.recent_seconds.erase(stats.recent_seconds.begin());
         }
+        if (index.count(job.key)) {  // still cached: count its memory, evict beyond the bound
+          job.state->bytes = bytes;
+          stats.cached_bytes += bytes;
+          evict(job.state.get());
+        }
         notify = on_ready;
       }
+      job.state->ready.store(true,
+                             std::memory_order_release);  // after the figures: tests read them
       if (notify) notify();
     }
   }
@@ -257,11 +279,8 @@ std::shared_ptr<Pending> Compiler::compile(const Spec& spec) {
     }
     impl_->lru.emplace_front(key, state);
     impl_->index[key] = impl_->lru.begin();
-    while (impl_->lru.size() > impl_->opt.cache_entries) {
-      impl_->index.erase(impl_->lru.back().first);  // requests holding it keep their grammar
-      impl_->lru.pop_back();
-    }
-    impl_->jobs.push_back({std::move(g), state});
+    impl_->evict(state.get());
+    impl_->jobs.push_back({std::move(g), state, key});
   }
   impl_->cv.notify_one();
   return std::make_shared<Pending>(state);

@@ -58,14 +58,16 @@ struct CompilerStats {
   int64_t compiles = 0;    // finished compiles (cache misses)
   int64_t cache_hits = 0;  // requests served by a cached or in-flight compile
   int64_t failures = 0;
+  int64_t cached_bytes = 0;            // held by the cache's compiled grammars
   std::vector<double> recent_seconds;  // the last compiles' times (at most 1024), oldest first
 };
 
 class Compiler {
  public:
   struct Options {
-    int threads = 2;             // compile workers
-    size_t cache_entries = 512;  // distinct constraints kept
+    int threads = 2;                         // compile workers
+    size_t cache_entries = 512;              // distinct constraints kept
+    int64_t cache_bytes = int64_t{1} << 30;  // and the memory their compiled tables may hold
   };
   // vocab: the width of the logits (the model's vocab_size, >= the tokenizer's); eos: the token
   // that ends a sequence, the only one a complete grammar allows.

@@ -234,6 +234,8 @@ void Metrics::render_grammar(const grammar::CompilerStats& g, std::string& out) 
   header(out, "kestrel_grammar_cache_hits_total", "counter",
          "Constrained requests served by a cached or in-flight compile");
   sample(out, "kestrel_grammar_cache_hits_total", double(g.cache_hits));
+  header(out, "kestrel_grammar_cache_bytes", "gauge", "Memory of the cached compiled grammars");
+  sample(out, "kestrel_grammar_cache_bytes", double(g.cached_bytes));
   // Quantiles over the last compiles (at most 1024).
   std::vector<double> t = g.recent_seconds;
   std::sort(t.begin(), t.end());

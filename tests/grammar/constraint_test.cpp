@@ -138,6 +138,17 @@ TEST(GrammarCompiler, CacheIsBounded) {
   EXPECT_EQ(c.stats().compiles, 5);
 }
 
+TEST(GrammarCompiler, CacheIsBoundedInBytes) {
+  Compiler c(tok(), 65024, kEos, {1, 512, 1});  // room for the newest compile only
+  wait(c.compile({Spec::Kind::kRegex, "a+", "r"}));
+  const int64_t one = c.stats().cached_bytes;
+  EXPECT_GT(one, 0);
+  wait(c.compile({Spec::Kind::kRegex, "b+", "r"}));
+  wait(c.compile({Spec::Kind::kRegex, "a+", "r"}));  // evicted by b+: compiled again
+  EXPECT_EQ(c.stats().compiles, 3);
+  EXPECT_EQ(c.stats().cached_bytes, one);  // a+ alone
+}
+
 TEST(GrammarCompiler, OnReadyRunsOffTheCallersThread) {
   Compiler c(tok(), 65024, kEos, {});
   std::atomic<bool> called{false};
