@@ -97,8 +97,9 @@ void Engine::Impl::fill_grammar_masks(const std::vector<StepWork*>& sampled,
   const auto t0 = Clock::now();
   const int64_t words = grammar_compiler->bitmask_words();
   bitmask.assign(matchers.size() * words, 0);
-  const int threads = static_cast<int>(std::clamp<size_t>(
-      std::min<size_t>(matchers.size(), std::thread::hardware_concurrency() / 2), 1, 8));
+  // One thread count for every step: the batch filler keeps its pool while the count holds.
+  static const int threads =
+      static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
   grammar::fill_bitmasks(matchers, bitmask.data(), words, threads);
   stats.grammar_masked_rows += static_cast<int64_t>(matchers.size());
   stats.grammar_mask_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

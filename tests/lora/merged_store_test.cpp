@@ -18,6 +18,7 @@
 #include "io/safetensors.h"
 #include "lora/adapter_store.h"
 #include "lora/merge.h"
+#include "merge_fixture.h"
 #include "model/falcon_model.h"
 #include "model/runner.h"
 
@@ -45,17 +46,7 @@ const FalconModel& model() {
 }
 
 MergeSpec spec_of(const json& merge) {
-  MergeSpec s;
-  s.ids = merge.at("adapters").get<std::vector<std::string>>();
-  s.weights = merge.at("weights").get<std::vector<double>>();
-  s.strategy = parse_merge_strategy(merge.at("strategy").get<std::string>());
-  if (merge.contains("density") && !merge.at("density").is_null())
-    s.density = merge.at("density").get<double>();
-  if (merge.contains("majority_sign_method"))
-    s.majority_sign_method =
-        parse_majority_sign_method(merge.at("majority_sign_method").get<std::string>());
-  if (merge.contains("seed")) s.seed = merge.at("seed").get<uint64_t>();
-  return s;
+  return test::merge_spec_of(merge);
 }
 
 // A store over the fixture's adapters folder with the model's loader and merge hooks; uploads
