@@ -227,9 +227,13 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req,
 }
 
 std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(
-    std::vector<GenerationRequest> reqs) {
+    std::vector<GenerationRequest> reqs, std::function<void(size_t, EngineEvent)> callback) {
   std::vector<std::shared_ptr<Sequence>> seqs;
-  for (auto& r : reqs) seqs.push_back(impl_->prepare(std::move(r), nullptr));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::function<void(EngineEvent)> cb;
+    if (callback) cb = [callback, i](EngineEvent e) { callback(i, std::move(e)); };
+    seqs.push_back(impl_->prepare(std::move(reqs[i]), std::move(cb)));
+  }
   impl_->enqueue(seqs);
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (const auto& s : seqs) handles.push_back(s->handle);

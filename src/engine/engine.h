@@ -101,7 +101,10 @@ class Engine {
   // Validates every request (the first bad one throws and none is queued), then
   // queues them all at once, so that they start in the same step: the batches,
   // and so the numerics, do not depend on thread timing (kestrel generate).
-  std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<GenerationRequest> requests);
+  // With a callback, request i's events are delivered by calling it with i (as submit's).
+  std::vector<std::shared_ptr<RequestHandle>> submit_all(
+      std::vector<GenerationRequest> requests,
+      std::function<void(size_t index, EngineEvent)> callback = nullptr);
   // Ends the request at the next step boundary (kFinished with kCancelled)
   // and frees its blocks. Unknown or finished ids are ignored.
   void cancel(uint64_t request_id);

@@ -107,6 +107,10 @@ struct Engine::Impl {
   void fill_grammar_masks(const std::vector<StepWork*>& sampled, std::vector<int32_t>& rows,
                           std::vector<int32_t>& bitmask);
   std::vector<StepWork> schedule();
+  // Fair admission across adapters: the waiting sequence to admit next (waiting is not empty).
+  std::deque<std::shared_ptr<Sequence>>::iterator pick_waiting(
+      const std::unordered_map<uint64_t, int64_t>& per_adapter);
+  static uint64_t adapter_key(const Sequence& s);  // the adapter's cache key; 0: the base model
   void forward_and_sample(std::vector<StepWork>& work);
   void record_prompt_logprobs(const StepWork& w, const float* logits, int64_t vocab);
   std::vector<std::shared_ptr<Sequence>> fork_best_of(const std::shared_ptr<Sequence>& s);

@@ -5,10 +5,13 @@
 // logprobs, sampling (with best_of forks) and stop checks.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <unordered_set>
 
 #include "backend/ops.h"
 #include "core/error.h"
 #include "engine/engine_impl.h"
+#include "lora/lora_adapter.h"
 #include "model/falcon_model.h"
 
 namespace kestrel {
@@ -105,6 +108,34 @@ void Engine::Impl::fill_grammar_masks(const std::vector<StepWork*>& sampled,
   stats.grammar_mask_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+uint64_t Engine::Impl::adapter_key(const Sequence& s) {
+  return s.adapter ? s.adapter->cache_key() : 0;
+}
+
+// Fair admission (docs/engine.md, "Fairness across adapters"): a preempted sequence first (it
+// was running and holds its place at the front), else the oldest waiting sequence of the adapter
+// (or the base model) with the fewest running sequences. One busy adapter's backlog then never
+// stands between another adapter's request and the next free slot. With one adapter: FIFO.
+std::deque<std::shared_ptr<Sequence>>::iterator Engine::Impl::pick_waiting(
+    const std::unordered_map<uint64_t, int64_t>& per_adapter) {
+  if (waiting.front()->started) return waiting.begin();
+  auto best = waiting.begin();
+  int64_t best_running = std::numeric_limits<int64_t>::max();
+  std::unordered_set<uint64_t> seen;
+  for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+    const uint64_t key = adapter_key(**it);
+    if (!seen.insert(key).second) continue;  // not its adapter's oldest
+    const auto r = per_adapter.find(key);
+    const int64_t n = r == per_adapter.end() ? 0 : r->second;
+    if (n < best_running) {
+      best = it;
+      best_running = n;
+      if (n == 0) break;
+    }
+  }
+  return best;
+}
+
 // Picks this step's work: running sequences first (oldest first, preempting
 // the most recently admitted when blocks run out), then waiting ones.
 std::vector<StepWork> Engine::Impl::schedule() {
@@ -134,12 +165,17 @@ std::vector<StepWork> Engine::Impl::schedule() {
     budget -= n;
     ++i;
   }
-  // Then chunks of waiting prompts (and preempted sequences' recompute).
+  // Then chunks of waiting prompts (and preempted sequences' recompute), fairly across adapters.
   int64_t held_tokens = 0;
-  for (const auto& s : running) held_tokens += static_cast<int64_t>(s->tokens.size());
+  std::unordered_map<uint64_t, int64_t> per_adapter;  // running sequences per adapter
+  for (const auto& s : running) {
+    held_tokens += static_cast<int64_t>(s->tokens.size());
+    ++per_adapter[adapter_key(*s)];
+  }
   while (!waiting.empty() && budget > 0 &&
          static_cast<int64_t>(running.size()) < opt.max_running_seqs) {
-    auto s = waiting.front();
+    const auto pick = pick_waiting(per_adapter);
+    auto s = *pick;
     const int64_t total = static_cast<int64_t>(s->tokens.size());
     if (!running.empty() &&
         held_tokens + total + s->params.max_new_tokens > opt.max_batch_total_tokens) {
@@ -155,7 +191,8 @@ std::vector<StepWork> Engine::Impl::schedule() {
       ++stats.prefix_cache_hits;
       stats.prefix_cache_hit_tokens += hit;
     }
-    waiting.pop_front();
+    waiting.erase(pick);
+    ++per_adapter[adapter_key(*s)];
     s->admitted_order = admit_counter++;
     if (!s->started) {
       s->started = true;

@@ -1,6 +1,7 @@
 #include "lora/lora_adapter.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "core/error.h"
@@ -40,7 +41,9 @@ LoraAdapter::LoraAdapter(std::string name, std::string source, int n_ranks, int6
   KESTREL_CHECK(n_ranks >= 1 && n_layers >= 0, "LoraAdapter: ", n_ranks, " ranks, ", n_layers,
                 " layers");
   ranks_.assign(n_ranks, std::vector<std::array<LoraLinear, kLoraModules>>(n_layers));
-  // FNV-1a over name, a separator and source.
+  // FNV-1a over name, a separator, source and the number of this load in the process: a folder
+  // loaded again (after an unload, its files perhaps changed) never reuses the KV of the last.
+  static std::atomic<uint64_t> loads{0};
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](const std::string& s) {
     for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
@@ -48,6 +51,7 @@ LoraAdapter::LoraAdapter(std::string name, std::string source, int n_ranks, int6
   mix(name_);
   h = (h ^ 0xff) * 1099511628211ull;
   mix(source_);
+  mix(std::to_string(++loads));
   cache_key_ = h;
 }
 

@@ -66,8 +66,9 @@ class LoraAdapter {
 
   const std::string& name() const { return name_; }
   const std::string& source() const { return source_; }  // the folder it came from ("" if made)
-  // A key that tells adapters apart in the prefix cache (a hash of name and source): KV computed
-  // under one adapter is never reused under another or the base model.
+  // A key that tells adapters apart in the prefix cache and the scheduler (a hash of name, source
+  // and the load's number): KV computed under one adapter is never reused under another, a
+  // reload of the same folder, or the base model.
   uint64_t cache_key() const { return cache_key_; }
   int n_ranks() const { return static_cast<int>(ranks_.size()); }
   int64_t n_layers() const { return n_layers_; }
