@@ -29,6 +29,8 @@ const char* error_kind_name(ErrorKind kind) {
       return "unsupported_media_type";
     case ErrorKind::kOverloaded:
       return "overloaded";
+    case ErrorKind::kConflict:
+      return "conflict";
     case ErrorKind::kUnavailable:
       return "unavailable";
   }

@@ -23,6 +23,7 @@ enum class ErrorKind : uint8_t {
   kTooLarge,              // a request body beyond its bound (413)
   kHeadersTooLarge,       // request headers beyond their bound (431)
   kUnsupportedMediaType,  // a POST body that is not application/json (415)
+  kConflict,              // a name already taken (an adapter loaded under it) (409)
   kOverloaded,            // too much in flight now; retry later (429)
   kUnavailable,           // shutting down, engine stopped, a load that timed out (503)
 };

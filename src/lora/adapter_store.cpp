@@ -151,10 +151,18 @@ struct AdapterStore::Impl {
   std::shared_ptr<const MergeHooks> merge_hooks;
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::list<Entry> lru;                        // front: most recently used
-  std::map<std::string, std::string> aliases;  // --adapter NAME -> its folder
-  std::map<std::string, Pending> pending;      // folder -> the gets waiting on its load
-  std::deque<std::string> queue;               // folders not yet started
+  std::list<Entry> lru;  // front: most recently used
+  // A name the operator gave a folder: --adapter NAME=DIR, or POST /v1/load_lora_adapter (then
+  // `root` is the folder its files must stay inside, as for any id a client named).
+  struct Alias {
+    std::string folder, root;
+  };
+  std::map<std::string, Alias> aliases;
+  // Adapters unloaded while requests still held them: their bytes count against the budget
+  // until the last lease ends.
+  std::vector<std::pair<std::weak_ptr<const LoraAdapter>, int64_t>> retiring;
+  std::map<std::string, Pending> pending;  // folder -> the gets waiting on its load
+  std::deque<std::string> queue;           // folders not yet started
   bool stopping = false;
   std::vector<std::thread> threads;
   std::shared_ptr<std::atomic<int>> stuck = std::make_shared<std::atomic<int>>(0);
@@ -164,9 +172,11 @@ struct AdapterStore::Impl {
       if (it->folder == folder) return it;
     return lru.end();
   }
-  int64_t loaded_bytes() const {
+  int64_t loaded_bytes() {
     int64_t n = 0;
     for (const Entry& e : lru) n += e.bytes;
+    std::erase_if(retiring, [](const auto& r) { return r.first.expired(); });
+    for (const auto& r : retiring) n += r.second;
     return n;
   }
 
@@ -190,6 +200,25 @@ struct AdapterStore::Impl {
       dropped.push_back(std::move(victim->adapter));
       lru.erase(victim);
     }
+    return true;
+  }
+
+  // Unload (under mu): the name's alias and the loaded adapter it names (by alias or by its
+  // loaded name) go; running requests keep their leases, whose bytes stay counted until they
+  // end. False when nothing answers to the name.
+  bool forget(const std::string& name, std::vector<std::shared_ptr<const LoraAdapter>>& dropped) {
+    std::string folder;
+    if (auto a = aliases.find(name); a != aliases.end()) {
+      folder = a->second.folder;
+      aliases.erase(a);
+    }
+    auto it = lru.end();
+    for (auto e = lru.begin(); e != lru.end(); ++e)
+      if ((!folder.empty() && e->folder == folder) || e->name == name) it = e;
+    if (it == lru.end()) return !folder.empty();
+    if (it->adapter.use_count() > 1) retiring.emplace_back(it->adapter, it->bytes);
+    dropped.push_back(std::move(it->adapter));
+    lru.erase(it);
     return true;
   }
 
@@ -452,7 +481,8 @@ AdapterStore::Resolved AdapterStore::resolve_full(const std::string& id,
   }
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (auto it = impl_->aliases.find(id); it != impl_->aliases.end()) return {it->second, id, ""};
+    if (auto it = impl_->aliases.find(id); it != impl_->aliases.end())
+      return {it->second.folder, id, it->second.root};
   }
   if (id.front() == '/') {
     if (!options_.allow_paths)
@@ -500,10 +530,12 @@ void AdapterStore::preload(const std::string& name, const std::string& dir) {
   const std::string folder = canonical_or_empty(dir);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (auto it = impl_->aliases.find(name); it != impl_->aliases.end() && it->second != folder)
-      KESTREL_FAIL("adapter name '", name, "' is given twice (", it->second, " and ", folder, ")");
+    if (auto it = impl_->aliases.find(name);
+        it != impl_->aliases.end() && it->second.folder != folder)
+      KESTREL_FAIL("adapter name '", name, "' is given twice (", it->second.folder, " and ", folder,
+                   ")");
     if (impl_->find_folder(folder) != impl_->lru.end()) {
-      impl_->aliases[name] = folder;
+      impl_->aliases[name] = {folder, ""};
       return;
     }
   }
@@ -517,7 +549,7 @@ void AdapterStore::preload(const std::string& name, const std::string& dir) {
     error = impl_->insert(options_, name, folder, ad, dropped);
     if (!error.empty()) KESTREL_FAIL("adapter '", name, "': ", error);
   }
-  impl_->aliases[name] = folder;
+  impl_->aliases[name] = {folder, ""};
   spdlog::info("adapter store: preloaded {} from {} ({:.1f} MiB, max rank {})", name, folder,
                ad->bytes() / kMiB, ad->max_rank());
 }
@@ -531,6 +563,10 @@ void AdapterStore::get(const std::string& id, AdapterSource source, Callback don
     Impl::call(done, nullptr, &failure);
     return;
   }
+  get_resolved(where, std::move(done));
+}
+
+void AdapterStore::get_resolved(const Resolved& where, Callback done) {
   std::shared_ptr<const LoraAdapter> ad;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -573,6 +609,81 @@ std::shared_ptr<const LoraAdapter> AdapterStore::get_sync(const std::string& id,
     throw Error(error.message + (error.detail != error.message ? ": " + error.detail : ""),
                 error.kind);
   return ad;
+}
+
+namespace {
+
+// A name POST /v1/load_lora_adapter may give: printable, bounded, and not a spelling an id of
+// another kind has (an absolute path, a merge's name).
+void check_adapter_name(const std::string& name) {
+  if (name.empty()) throw ValidationError("lora_name", "`lora_name` is empty");
+  if (name.size() > kMaxIdBytes)
+    throw ValidationError("lora_name",
+                          detail::concat("`lora_name` is longer than ", kMaxIdBytes, " bytes"));
+  for (unsigned char c : name)
+    if (c < 0x20 || c == 0x7f)
+      throw ValidationError("lora_name", "`lora_name` holds a control character");
+  if (name.front() == '/' || name.rfind("merge:", 0) == 0)
+    throw ValidationError("lora_name",
+                          "`lora_name` must not start with '/' or 'merge:' (the spellings of "
+                          "adapter paths and merged adapters)");
+}
+
+}  // namespace
+
+void AdapterStore::load_named(const std::string& name, const std::string& path,
+                              AdapterSource source, bool replace, Callback done) {
+  Resolved where;
+  try {
+    check_adapter_name(name);
+    try {
+      where = resolve_full(path, source);
+    } catch (const Error& e) {
+      throw ValidationError("lora_path", std::string("`lora_path`: ") + e.what(), e.kind());
+    }
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping) throw Error("server shutting down", ErrorKind::kUnavailable);
+    auto it = impl_->aliases.find(name);
+    if (it != impl_->aliases.end() && !replace)
+      throw ValidationError("lora_name",
+                            "an adapter named '" + name +
+                                "' is already loaded (unload it first, or load_inplace: true)",
+                            ErrorKind::kConflict);
+    if (it != impl_->aliases.end()) {
+      std::vector<std::shared_ptr<const LoraAdapter>> dropped;
+      impl_->forget(name, dropped);
+    }
+    // The name resolves from now on: requests for it join this load.
+    impl_->aliases[name] = {where.folder, where.root};
+  } catch (const Error& e) {
+    const AdapterError failure{e.kind(), e.what(), e.what()};
+    Impl::call(done, nullptr, &failure);
+    return;
+  }
+  where.name = name;
+  get_resolved(where, [this, name, folder = where.folder, done = std::move(done)](
+                          std::shared_ptr<const LoraAdapter> ad, const AdapterError* error) {
+    if (!ad) {  // a name that does not load is not registered
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      if (auto it = impl_->aliases.find(name);
+          it != impl_->aliases.end() && it->second.folder == folder)
+        impl_->aliases.erase(it);
+    } else {
+      spdlog::info("adapter store: '{}' loaded by request from {}", name, folder);
+    }
+    Impl::call(done, std::move(ad), error);
+  });
+}
+
+bool AdapterStore::unload(const std::string& name) {
+  std::vector<std::shared_ptr<const LoraAdapter>> dropped;
+  bool found = false;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    found = impl_->forget(name, dropped);
+  }
+  if (found) spdlog::info("adapter store: '{}' unloaded by request", name);
+  return found;  // `dropped` frees here, outside the lock
 }
 
 void AdapterStore::set_merge_hooks(MergeHooks hooks) {
@@ -728,7 +839,7 @@ std::vector<LoadedAdapterInfo> AdapterStore::loaded() const {
 bool AdapterStore::is_loaded(const std::string& id) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string folder;
-  if (auto it = impl_->aliases.find(id); it != impl_->aliases.end()) folder = it->second;
+  if (auto it = impl_->aliases.find(id); it != impl_->aliases.end()) folder = it->second.folder;
   for (const Impl::Entry& e : impl_->lru)
     if (e.name == id || (!folder.empty() && e.folder == folder)) return true;
   return false;

@@ -104,6 +104,21 @@ class AdapterStore {
   // Set once, before the first get_merged. Without hooks get_merged fails every merge (422).
   void set_merge_hooks(MergeHooks hooks);
 
+  // POST /v1/load_lora_adapter (docs/lora.md, "Loading and unloading at run time"): registers
+  // `name` for the folder `path` names under `source` (the rules of resolve(); a path the rules
+  // refuse fails with the kind resolve() gives, its message naming lora_path) and loads it. The
+  // name answers requests from the moment this returns (they join the load); a load that fails
+  // unregisters it. A name already registered fails with kConflict unless `replace`, which
+  // unloads the old one first. Names are printable, at most 256 bytes, and do not start with '/'
+  // or "merge:" (kInvalidArgument naming lora_name).
+  void load_named(const std::string& name, const std::string& path, AdapterSource source,
+                  bool replace, Callback done);
+  // POST /v1/unload_lora_adapter: forgets `name` (a registered name, a preloaded one, or an
+  // adapter loaded under that name) and drops the adapter; requests running under it finish, and
+  // its memory counts until they do. A name inside --adapters-dir loads again when asked for.
+  // False when nothing answers to the name.
+  bool unload(const std::string& name);
+
   // The name the merge of `spec` (its ids under `source`) loads under: "merge:" and 16 hex digits
   // of a hash of the ids' canonical names, the weights and what of strategy, density, sign method
   // and seed changes the result (one adapter is always linear; the seed counts only for DARE
@@ -130,6 +145,7 @@ class AdapterStore {
   struct Impl;
   struct Resolved;
   Resolved resolve_full(const std::string& id, AdapterSource source) const;
+  void get_resolved(const Resolved& where, Callback done);
   AdapterStoreOptions options_;
   std::unique_ptr<Impl> impl_;
 };

@@ -23,6 +23,8 @@ HttpStatus http_status(ErrorKind kind) {
       return {431, "bad_request"};
     case ErrorKind::kUnsupportedMediaType:
       return {415, "bad_request"};
+    case ErrorKind::kConflict:
+      return {409, "conflict"};
     case ErrorKind::kOverloaded:
       return {429, "overloaded"};
     case ErrorKind::kUnavailable:
