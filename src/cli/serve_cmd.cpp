@@ -55,6 +55,8 @@ struct ServeArgs {
   std::vector<std::string> adapters;  // --adapter NAME=DIR, preloaded
   std::string adapters_dir;
   bool allow_adapter_paths = false;
+  bool allow_runtime_adapters = false;
+  int64_t max_requests_per_adapter = 0;
   double adapter_load_timeout_s = 60;
   std::vector<std::string> allowed_hosts;  // empty: from --host
   std::vector<std::string> cors_origins;
@@ -264,6 +266,8 @@ void run_serve(const ServeArgs& a) {
   }
   ao.cors_origins = a.cors_origins;
   ao.max_concurrent_requests = a.max_concurrent_requests;
+  ao.max_requests_per_adapter = a.max_requests_per_adapter;
+  ao.runtime_adapters = a.allow_runtime_adapters;
   ao.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
   ao.limits.max_input_length = a.max_input_length;
   ao.limits.max_total_tokens = a.max_total_tokens;
@@ -376,6 +380,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--allow-adapter-paths", a.allow_adapter_paths,
                 "also accept an absolute folder path as adapter_id (any folder the server can "
                 "read: only for trusted clients)");
+  cmd->add_flag("--allow-runtime-adapters", a.allow_runtime_adapters,
+                "allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter without --api-key "
+                "(with a key they need it; without either they are refused)");
+  cmd->add_option("--max-requests-per-adapter", a.max_requests_per_adapter,
+                  "generation requests one adapter (or merge) may have in flight before 429 "
+                  "(0: no cap beyond --max-concurrent-requests)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--adapter-load-timeout", a.adapter_load_timeout_s,
                   "seconds an adapter load may take before its requests fail with 503")
       ->capture_default_str()

@@ -836,6 +836,13 @@ std::vector<LoadedAdapterInfo> AdapterStore::loaded() const {
   return out;
 }
 
+std::vector<std::string> AdapterStore::registered() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::string> out;
+  for (const auto& [name, alias] : impl_->aliases) out.push_back(name);
+  return out;
+}
+
 bool AdapterStore::is_loaded(const std::string& id) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::string folder;

@@ -136,6 +136,8 @@ class AdapterStore {
 
   // Loaded adapters, most recently used first.
   std::vector<LoadedAdapterInfo> loaded() const;
+  // The names the operator registered (--adapter, POST /v1/load_lora_adapter), loaded or not.
+  std::vector<std::string> registered() const;
   // Whether the adapter named `id` is loaded (no load, no LRU touch).
   bool is_loaded(const std::string& id) const;
 

@@ -206,7 +206,29 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     req.body().shrink_to_fit();
     extra_headers_ = std::move(r.headers);
     if (r.reply) return reply(std::move(*r.reply));
+    if (r.deferred) return run_deferred(std::move(r.deferred));
     submit(std::move(r));
+  }
+
+  // An answer another thread gives later (an adapter loaded at run time): delivered on this
+  // strand. The pending answer holds the session; a server shutting down drops it.
+  void run_deferred(std::function<void(std::function<void(Reply)>)> action) {
+    auto gate = srv_.gate;
+    auto ex = stream_.get_executor();
+    const uint64_t exchange = exchange_;
+    auto done = [self = shared_from_this(), gate, ex, exchange](Reply r) {
+      std::lock_guard lock(gate->mu);
+      if (!gate->open) return;
+      asio::post(ex, [self, exchange, r = std::move(r)]() mutable {
+        if (exchange == self->exchange_) self->reply(std::move(r));
+      });
+    };
+    try {
+      action(done);
+    } catch (const std::exception& e) {
+      spdlog::error("deferred reply: {}", e.what());
+      done(error_reply(ErrorKind::kInternal, "internal error (the server log has the details)"));
+    }
   }
 
   void submit(Routed r) {
@@ -222,6 +244,16 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
           "Model is overloaded: " + std::to_string(api.options().max_concurrent_requests) +
               " requests in flight (--max-concurrent-requests)"));
     }
+    if (!r.adapter_key.empty() && !api.try_acquire_adapter(r.adapter_key)) {
+      api.release();
+      api.metrics().request_failed("overloaded");
+      return reply(
+          error_reply(ErrorKind::kOverloaded,
+                      "adapter '" + (r.adapter ? r.adapter->id : r.adapter_key) + "' has " +
+                          std::to_string(api.options().max_requests_per_adapter) +
+                          " requests in flight (--max-requests-per-adapter); retry later"));
+    }
+    adapter_key_ = std::move(r.adapter_key);
     job_ = std::move(r.job);
     active_ = true;
     self_ref_ = shared_from_this();
@@ -389,6 +421,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
     waiting_adapter_ = false;
     job_.reset();
     srv_.api.release();
+    if (!adapter_key_.empty()) srv_.api.release_adapter(adapter_key_);
+    adapter_key_.clear();
     self_ref_.reset();  // callers hold their own reference
   }
 
@@ -569,6 +603,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseCha
   std::string adapter_source_;  // "local" / "hub", with adapter_label_
   std::string adapter_label_;   // the request's adapter id ("": the base model), for headers
   std::string metrics_label_;   // the loaded adapter's name ("": the base model), for metrics
+  std::string adapter_key_;     // the --max-requests-per-adapter slot it holds ("": none)
   std::vector<std::pair<std::string, std::string>> extra_headers_;  // CORS, on every response
   bool waiting_adapter_ = false;  // active, its adapter loading: not in the engine yet
   GenerationRequest waiting_request_;

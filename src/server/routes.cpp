@@ -4,6 +4,7 @@
 #include "server/response_format.h"
 
 #include <chrono>
+#include <set>
 
 #include "core/logging.h"
 #include "io/falcon_config.h"
@@ -39,6 +40,8 @@ constexpr RouteSpec kRoutes[] = {
     {"/v1/completions", "POST"},
     {"/v1/chat/completions", "POST"},
     {"/playground", "GET"},
+    {"/v1/load_lora_adapter", "POST"},
+    {"/v1/unload_lora_adapter", "POST"},
 };
 
 // "ORG/NAME": what a Hugging Face repo id looks like (not a path: no leading / or ., one /).
@@ -92,6 +95,23 @@ bool Api::try_acquire() {
 
 void Api::release() {
   metrics_.set_in_flight(--in_flight_);
+}
+
+bool Api::try_acquire_adapter(const std::string& key) {
+  std::lock_guard<std::mutex> lock(adapter_mu_);
+  int64_t& n = adapter_in_flight_[key];
+  if (n >= options_.max_requests_per_adapter) {
+    if (n == 0) adapter_in_flight_.erase(key);
+    return false;
+  }
+  ++n;
+  return true;
+}
+
+void Api::release_adapter(const std::string& key) {
+  std::lock_guard<std::mutex> lock(adapter_mu_);
+  auto it = adapter_in_flight_.find(key);
+  if (it != adapter_in_flight_.end() && --it->second <= 0) adapter_in_flight_.erase(it);
 }
 
 Routed Api::route(const std::string& method, const std::string& target, const std::string& body,
@@ -215,6 +235,8 @@ Routed Api::dispatch(const std::string& method, const std::string& path, const s
   if (post && path == "/v1/completions") return completions(body);
   if (post && path == "/v1/chat/completions") return chat(body);
   if (post && path == "/tokenize") return answer(tokenize(body));
+  if (post && path == "/v1/load_lora_adapter") return load_lora_adapter(body);
+  if (post && path == "/v1/unload_lora_adapter") return answer(unload_lora_adapter(body));
   if (get && path == "/health") return answer(json_reply(200, {{"status", "ok"}}));
   if (get && path == "/info") return answer(info());
   if (get && path == "/v1/models") return answer(models());
@@ -259,7 +281,9 @@ Routed Api::generate(const std::string& body, bool stream_default, bool from_roo
                             "`merged_adapters` names adapters, but adapters are not enabled on "
                             "this server");
     r.merged = Routed::Merged{*g.merged, g.merged_source};
+    r.adapter_key = adapter_key(*r.merged);
   }
+  if (r.adapter) r.adapter_key = adapter_key(*r.adapter);
   r.request.prompt_ids = std::move(ids);
   r.request.params = g.sampling;
   r.request.constraint = g.constraint;
@@ -288,7 +312,10 @@ Routed Api::completions(const std::string& body) {
   if (req.echo && req.logprobs >= 0) req.sampling.prompt_logprobs = true;
   Routed r;
   r.adapter = adapter_for_model(req.model);
-  if (r.adapter) check_adapter(*r.adapter, "model");
+  if (r.adapter) {
+    check_adapter(*r.adapter, "model");
+    r.adapter_key = adapter_key(*r.adapter);
+  }
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
   r.request.constraint = req.constraint;
@@ -307,7 +334,10 @@ Routed Api::chat(const std::string& body) {
   fit_to_limits(ids, std::nullopt, req.max_tokens_given, req.sampling, options_.limits);
   Routed r;
   r.adapter = adapter_for_model(req.model);
-  if (r.adapter) check_adapter(*r.adapter, "model");
+  if (r.adapter) {
+    check_adapter(*r.adapter, "model");
+    r.adapter_key = adapter_key(*r.adapter);
+  }
   r.request.prompt_ids = std::move(ids);
   r.request.params = req.sampling;
   r.request.constraint = req.constraint;
@@ -347,6 +377,85 @@ void Api::check_adapter(const AdapterRef& ref, const char* field) {
   } catch (const Error& e) {
     throw ValidationError(field, std::string("`") + field + "`: " + e.what(), e.kind());
   }
+}
+
+std::string Api::adapter_key(const AdapterRef& ref) const {
+  if (options_.max_requests_per_adapter <= 0 || !options_.adapters) return "";
+  return options_.adapters->canonical_name(ref.id, ref.source);  // checked by check_adapter
+}
+
+std::string Api::adapter_key(const Routed::Merged& merged) const {
+  if (options_.max_requests_per_adapter <= 0 || !options_.adapters) return "";
+  try {
+    return options_.adapters->merged_name(merged.spec, merged.source);
+  } catch (const ValidationError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ValidationError("merged_adapters.ids", std::string("`merged_adapters.ids`: ") + e.what(),
+                          e.kind());
+  }
+}
+
+void Api::check_runtime_adapters() const {
+  if (!options_.adapters)
+    throw ValidationError("lora_name", "adapters are not enabled on this server");
+  if (options_.api_key.empty() && !options_.runtime_adapters)
+    throw Error(
+        "loading and unloading adapters at run time needs an API key on this server (--api-key), "
+        "or --allow-runtime-adapters on a trusted network",
+        ErrorKind::kForbidden);
+}
+
+namespace {
+
+std::string required_string(const json& j, const char* field) {
+  std::optional<std::string> v = opt_string(j, field);
+  if (!v) throw ValidationError(field, std::string("`") + field + "` is required");
+  return *v;
+}
+
+}  // namespace
+
+Routed Api::load_lora_adapter(const std::string& body) {
+  check_runtime_adapters();
+  const json j = parse_json_object(body);
+  const std::string name = required_string(j, "lora_name");
+  const std::string path = required_string(j, "lora_path");
+  const bool replace = opt_bool(j, "load_inplace").value_or(false);
+  AdapterSource source = AdapterSource::kLocal;
+  if (std::optional<std::string> s = opt_string(j, "adapter_source")) {
+    try {
+      source = parse_adapter_source(*s);
+    } catch (const Error& e) {
+      throw ValidationError("adapter_source", std::string("`adapter_source`: ") + e.what());
+    }
+  }
+  Routed r;
+  AdapterStore* store = options_.adapters;
+  r.deferred = [store, name, path, source, replace](std::function<void(Reply)> done) {
+    store->load_named(name, path, source, replace,
+                      [done, name](std::shared_ptr<const LoraAdapter> ad, const AdapterError* e) {
+                        if (!ad) return done(error_reply(e->kind, e->message));
+                        Reply ok;
+                        ok.content_type = "text/plain; charset=utf-8";
+                        ok.body = "Success: LoRA adapter '" + name + "' added successfully.";
+                        done(std::move(ok));
+                      });
+  };
+  return r;
+}
+
+Reply Api::unload_lora_adapter(const std::string& body) {
+  check_runtime_adapters();
+  const json j = parse_json_object(body);
+  const std::string name = required_string(j, "lora_name");
+  if (!options_.adapters->unload(name))
+    throw ValidationError("lora_name", "no adapter named '" + name + "' is loaded",
+                          ErrorKind::kNotFound);
+  Reply ok;
+  ok.content_type = "text/plain; charset=utf-8";
+  ok.body = "Success: LoRA adapter '" + name + "' removed successfully.";
+  return ok;
 }
 
 Reply Api::tokenize(const std::string& body) {
@@ -426,14 +535,22 @@ Reply Api::models() const {
   json data = json::array();
   data.push_back(
       {{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "kestrel"}});
-  if (options_.adapters)
-    for (const LoadedAdapterInfo& a : options_.adapters->loaded())
-      data.push_back({{"id", a.name},
+  if (options_.adapters) {
+    // The loaded adapters, most recently used first, then the registered names not loaded now
+    // (evicted, or loading): every id a request may name without knowing the adapters folder.
+    std::set<std::string> listed;
+    auto add = [&](const std::string& name) {
+      if (!listed.insert(name).second) return;
+      data.push_back({{"id", name},
                       {"object", "model"},
                       {"created", 0},
                       {"owned_by", "kestrel"},
                       {"parent", options_.model_id},
-                      {"root", a.name}});
+                      {"root", name}});
+    };
+    for (const LoadedAdapterInfo& a : options_.adapters->loaded()) add(a.name);
+    for (const std::string& name : options_.adapters->registered()) add(name);
+  }
   return json_reply(200, {{"object", "list"}, {"data", data}});
 }
 

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -79,6 +82,12 @@ struct Routed {
     AdapterSource source = AdapterSource::kLocal;
   };
   std::optional<Merged> merged;
+  // Set with --max-requests-per-adapter: the name the request's adapter (or merge) loads under,
+  // the key of the per-adapter cap.
+  std::string adapter_key;
+  // Set: the answer comes later, from another thread (an adapter loaded at run time): the session
+  // calls this with a function that delivers the reply on its strand.
+  std::function<void(std::function<void(Reply)>)> deferred;
 };
 
 struct ApiOptions {
@@ -98,6 +107,11 @@ struct ApiOptions {
   RequestLimits limits;
   // LoRA adapters (adapter_id, OpenAI `model`); null: adapters are refused with a 422.
   AdapterStore* adapters = nullptr;
+  // Generation requests one adapter (or merge) may have in flight before 429; 0: no cap.
+  int64_t max_requests_per_adapter = 0;
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter: allowed behind an API key, or
+  // without one when this is set (--allow-runtime-adapters: a trusted network only).
+  bool runtime_adapters = false;
 };
 
 class Api {
@@ -119,6 +133,9 @@ class Api {
   bool try_acquire();
   void release();
   int64_t in_flight() const { return in_flight_.load(); }
+  // The --max-requests-per-adapter gate, by Routed::adapter_key.
+  bool try_acquire_adapter(const std::string& key);
+  void release_adapter(const std::string& key);
   // While draining, new generations get 503.
   void set_draining() { draining_ = true; }
   bool draining() const { return draining_.load(); }
@@ -135,6 +152,10 @@ class Api {
   Routed completions(const std::string& body);
   Routed chat(const std::string& body);
   Reply tokenize(const std::string& body);
+  // vLLM's run-time adapter routes (docs/server.md).
+  Routed load_lora_adapter(const std::string& body);
+  Reply unload_lora_adapter(const std::string& body);
+  void check_runtime_adapters() const;
   Reply info() const;
   Reply models() const;
   json adapters_json() const;  // /info's "adapters": the loaded ones
@@ -144,6 +165,9 @@ class Api {
   // A 422 when adapters are off, a 404 when `ref` names no folder (checked here, before the
   // request waits for a load).
   void check_adapter(const AdapterRef& ref, const char* field);
+  // Routed::adapter_key of a request under `ref` / `merged` when the cap is on ("" otherwise).
+  std::string adapter_key(const AdapterRef& ref) const;
+  std::string adapter_key(const Routed::Merged& merged) const;
 
   Engine& engine_;
   const text::Tokenizer& tokenizer_;
@@ -153,6 +177,8 @@ class Api {
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
+  std::mutex adapter_mu_;
+  std::map<std::string, int64_t> adapter_in_flight_;  // only adapters with requests in flight
 };
 
 // The OpenAPI document served at /docs (docs/openapi.json, embedded at build time).

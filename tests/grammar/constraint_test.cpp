@@ -191,11 +191,12 @@ TEST(GrammarCompiler, InvalidConstraintsNameTheirField) {
   EXPECT_EQ(field_of({Spec::Kind::kRegex, "(?=.*[0-9])[a-z0-9]+", "grammar.value"}),
             "grammar.value");
   EXPECT_EQ(field_of({Spec::Kind::kRegex, "x(?<!y)", "grammar.value"}), "grammar.value");
-  EXPECT_EQ(field_of({Spec::Kind::kRegex, "[(?=]+", "grammar.value"}), "accepted");
   EXPECT_EQ(field_of({Spec::Kind::kJsonSchema, "[1,", "response_format.schema"}),
             "response_format.schema");
   EXPECT_EQ(field_of({Spec::Kind::kJsonSchema, R"({"type":"array","contains":{}})", "rf"}), "rf");
   EXPECT_EQ(c.stats().compiles, 0);  // refused before any compile
+  // A lookaround's spelling inside a class is no lookaround (compiled off-thread: after the count).
+  EXPECT_EQ(field_of({Spec::Kind::kRegex, "[(?=]+", "grammar.value"}), "accepted");
 }
 
 }  // namespace
