@@ -3,8 +3,9 @@
 # --device cuda` against `--device cpu` on the e2e fixture, then `kestrel serve
 # --device cuda` on a random falcon-7b folder written on the GPU machine's disk
 # and bench/serve_load.py against it (256 streams of 128 + 128 tokens by
-# default). Run from the repository root with build-gpucarry/ and .gpulib/
-# carried (docs/gpu.md). Logs under $OUT (or ./gpu-out).
+# default); STEPS=fairness: the adapters' fairness load (bench/adapter_fairness.py).
+# Run from the repository root with build-gpucarry/ and .gpulib/ carried
+# (docs/gpu.md). Logs under $OUT (or ./gpu-out).
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -18,6 +19,17 @@ export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 python3 -c "import aiohttp" 2>/dev/null && echo "aiohttp: yes" || echo "aiohttp: no"
 STEPS=${STEPS:-ops,generate,serve}
+
+# Waits up to 180 s for $SERVER to answer /health on $PORT; sets ok=1 when it does.
+wait_healthy() {
+  ok=0
+  for i in $(seq 1 180); do
+    if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" 2>/dev/null; then ok=1; break; fi
+    kill -0 $SERVER 2>/dev/null || break
+    sleep 1
+  done
+  echo "server up=$ok after ${i}s"; grep -E "load |loaded|memory|KV|profile|engine ready|error" "$1" | head -30
+}
 
 case ,$STEPS, in *,ops,*)
   timeout 180 ./$BIN/backend_cuda_test --gtest_brief=1 >"$OUT/ops.log" 2>&1
@@ -53,13 +65,7 @@ case ,$STEPS, in *,serve,*)
   fi
   ./$BIN/kestrel serve --device cuda $WHAT --port $PORT $SERVE_ARGS >"$OUT/serve.log" 2>&1 &
   SERVER=$!
-  ok=0
-  for i in $(seq 1 180); do
-    if python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=1)" 2>/dev/null; then ok=1; break; fi
-    kill -0 $SERVER 2>/dev/null || break
-    sleep 1
-  done
-  echo "server up=$ok after ${i}s"; grep -E "load |loaded|memory|KV|profile|engine ready|error" "$OUT/serve.log" | head -30
+  wait_healthy "$OUT/serve.log"
   if [ $ok = 1 ]; then
     # Warm-up (first-use GEMM plans, allocator growth), then the measured run.
     timeout 120 python3 bench/serve_load.py --url http://127.0.0.1:$PORT --requests 32 \
@@ -83,4 +89,24 @@ case ,$STEPS, in *,serve,*)
   fi
   kill -INT $SERVER 2>/dev/null; sleep 3; kill -9 $SERVER 2>/dev/null
   tail -3 "$OUT/serve.log"
+esac
+
+case ,$STEPS, in *,fairness,*)
+  # Fairness across adapters: FAIR_ADAPTERS random rank-8 adapters (qkv, dense) at falcon-7b's
+  # shapes, the quiet ones' TTFT alone and beside one adapter sending 10x (bench/adapter_fairness.py).
+  ADIR=/tmp/kestrel-adapters
+  N=${FAIR_ADAPTERS:-32}
+  [ -e "$ADIR/a$(printf %02d $((N - 1)))" ] || python3 bench/make_adapters.py --out $ADIR --count $N --rank 8
+  ./$BIN/kestrel serve --device cuda --preset ${PRESET:-falcon-7b} \
+    --tokenizer tests/data/tokenizer/falcon-tokenizer.json --port $PORT --adapters-dir $ADIR \
+    --max-loaded-adapters $N $SERVE_ARGS >"$OUT/fair_serve.log" 2>&1 &
+  SERVER=$!
+  wait_healthy "$OUT/fair_serve.log"
+  if [ $ok = 1 ]; then
+    FAIR_JSON=$(cd "$OUT" && pwd)/fair.json
+    (cd bench && timeout ${FAIR_TIMEOUT:-300} python3 adapter_fairness.py --url http://127.0.0.1:$PORT \
+      --adapters $N ${FAIR_ARGS:---rate 2 --hot-factor 10 --duration 20 --procs 8} --json "$FAIR_JSON")
+    echo "fairness rc=$?"
+  fi
+  kill -INT $SERVER 2>/dev/null; sleep 3; kill -9 $SERVER 2>/dev/null
 esac

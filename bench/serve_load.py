@@ -59,10 +59,13 @@ async def make_prompt(host, port, rng, n_tokens):
     raise RuntimeError(f"could not build a prompt of exactly {n_tokens} tokens")
 
 
-async def stream_one(host, port, prompt, new_tokens, out, schema=None, group="plain"):
+async def stream_one(host, port, prompt, new_tokens, out, schema=None, group="plain",
+                     adapter=None):
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(host, port)
     params = {"max_new_tokens": new_tokens, "ignore_eos_token": True}
+    if adapter:
+        params["adapter_id"] = adapter
     if schema is not None:
         params["response_format"] = {"type": "json_object", "schema": schema}
     body = json.dumps({"inputs": prompt, "parameters": params}).encode()
