@@ -23,6 +23,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/env.h"
 #include "core/error.h"
 #include "core/logging.h"
 
@@ -68,10 +69,9 @@ bool safe_relative(const std::string& id) {
 }
 
 std::string default_hub_cache() {
-  if (const char* v = std::getenv("HF_HUB_CACHE"); v && *v) return v;
-  if (const char* v = std::getenv("HF_HOME"); v && *v) return (fs::path(v) / "hub").string();
-  const char* home = std::getenv("HOME");
-  return (fs::path(home && *home ? home : ".") / ".cache" / "huggingface" / "hub").string();
+  if (auto v = env_var("HF_HUB_CACHE")) return *v;
+  if (auto v = env_var("HF_HOME")) return (fs::path(*v) / "hub").string();
+  return (fs::path(env_var("HOME").value_or(".")) / ".cache" / "huggingface" / "hub").string();
 }
 
 std::string trim(std::string s) {

@@ -16,6 +16,7 @@
 #include "cuda_test_util.h"
 #ifdef KESTREL_CUDA
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/tuning.h"
 #endif
 
 namespace kestrel {
@@ -29,7 +30,9 @@ constexpr double kLinearBound = 1e-2;
 // the CPU-only build skips these tests before they reach it.
 void set_gemv_mode(int mode) {
 #ifdef KESTREL_CUDA
-  cuda::set_gemv_mode(mode);
+  cuda::Tuning t = cuda::tuning();
+  t.gemv = mode;
+  cuda::set_tuning(t);
 #else
   (void)mode;
 #endif

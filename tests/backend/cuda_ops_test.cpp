@@ -20,10 +20,23 @@
 #include "model/alibi.h"
 #ifdef KESTREL_CUDA
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/tuning.h"
 #endif
 
 namespace kestrel {
 namespace {
+
+// Which attention kernel paged_attention uses (cuda::Tuning::attention_kernel); the CPU-only
+// build skips the tests before they reach it.
+void set_attention_kernel(int which) {
+#ifdef KESTREL_CUDA
+  cuda::Tuning t = cuda::tuning();
+  t.attention_kernel = which;
+  cuda::set_tuning(t);
+#else
+  (void)which;
+#endif
+}
 
 using namespace test;  // NOLINT(google-build-using-namespace): the shared test helpers
 
@@ -357,24 +370,18 @@ void run_attention_case(const AttnCase& c) {
   const Tensor g_lens = ops::to_device(t_lens, Device::kCuda);
 #ifdef KESTREL_CUDA
   const bool mma_ok = d == 64 || d == 128;
-  // kernel 1: v1, 2: the tensor-core kernel (v3; v2, v3 with one K buffer and v3 with
-  // 8 warps of 16 rows through KESTREL_ATTN_MMA=2 / 4 / 5), 0: auto.
+  // kernel 1: v1, 2: the tensor-core kernel (v3), 0: auto.
   for (int kernel : {1, 2, 0}) {
     if (kernel == 2 && !mma_ok) continue;
-    cuda::set_attention_kernel(kernel);
-    for (const char* mma : {"3", "2", "4", "5"}) {
-      if (kernel != 2 && mma[0] != '3') continue;
-      setenv("KESTREL_ATTN_MMA", mma, 1);
-      for (int32_t mq : {max_q, 0}) {
-        Tensor out = poisoned_gpu(q.shape());
-        ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
-        EXPECT_LE(gpu_error(out, ref), kAttentionBound)
-            << c.name << " kernel " << kernel << " mma v" << mma << " max_q_len " << mq;
-      }
+    set_attention_kernel(kernel);
+    for (int32_t mq : {max_q, 0}) {
+      Tensor out = poisoned_gpu(q.shape());
+      ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
+      EXPECT_LE(gpu_error(out, ref), kAttentionBound)
+          << c.name << " kernel " << kernel << " max_q_len " << mq;
     }
   }
-  unsetenv("KESTREL_ATTN_MMA");
-  cuda::set_attention_kernel(0);
+  set_attention_kernel(0);
 #endif
 }
 
@@ -388,11 +395,10 @@ TEST_P(CudaAttention, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// Timing of the tensor-core attention kernels, v2 (KESTREL_ATTN_MMA=2), v3 with one
-// K buffer (=4), v3 with 8 warps of 16 rows (=5) and v3,
-// at falcon-7b shapes (MQA 71/1, head_dim 64, block 16) and one head_dim 128 GQA
-// shape (printed; run with --gtest_also_run_disabled_tests). Causal FLOPs: 4 d per
-// (row, key) pair within the causal range.
+// Timing of the tensor-core attention kernel (v3) and the generic one (v1) at falcon-7b shapes
+// (MQA 71/1, head_dim 64, block 16) and one head_dim 128 GQA shape (printed; run with
+// --gtest_also_run_disabled_tests). Causal FLOPs: 4 d per (row, key) pair within the causal
+// range.
 TEST(CudaAttention, DISABLED_TimingFalcon7b) {
   REQUIRE_GPU();
   struct Shape3 {
@@ -428,10 +434,9 @@ TEST(CudaAttention, DISABLED_TimingFalcon7b) {
     const Tensor g_lens = ops::to_device(host_i32(lens, {c.batch}), Device::kCuda);
     Tensor out = poisoned_gpu({n_tokens, c.n_heads, c.head_dim});
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const char* versions[4] = {"2", "4", "5", "3"};
-    double ms[4] = {0, 0, 0, 0};
-    for (int v = 0; v < 4; ++v) {
-      setenv("KESTREL_ATTN_MMA", versions[v], 1);
+    double ms[2] = {0, 0};
+    for (int v = 0; v < 2; ++v) {
+      set_attention_kernel(v == 0 ? 2 : 1);
       auto run = [&] {
         ops::paged_attention(q, kc, vc, g_tables, g_cu, g_lens, c.kv_len, scale, out, c.q_len,
                              Tensor());
@@ -446,12 +451,10 @@ TEST(CudaAttention, DISABLED_TimingFalcon7b) {
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
           iters;
     }
-    unsetenv("KESTREL_ATTN_MMA");
-    std::printf(
-        "attention %s: v2 %.1f us (%.0f TFLOP/s), v3 one K buffer %.1f us (%.0f), v3 8x16 rows "
-        "%.1f us (%.0f), v3 %.1f us (%.0f), v2 / v3 %.2fx\n",
-        c.name, ms[0] * 1e3, flops / ms[0] / 1e9, ms[1] * 1e3, flops / ms[1] / 1e9, ms[2] * 1e3,
-        flops / ms[2] / 1e9, ms[3] * 1e3, flops / ms[3] / 1e9, ms[0] / ms[3]);
+    set_attention_kernel(0);
+    std::printf("attention %s: v3 %.1f us (%.0f TFLOP/s), v1 %.1f us (%.0f), v1 / v3 %.2fx\n",
+                c.name, ms[0] * 1e3, flops / ms[0] / 1e9, ms[1] * 1e3, flops / ms[1] / 1e9,
+                ms[1] / ms[0]);
   }
 }
 

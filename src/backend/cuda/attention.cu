@@ -3,17 +3,18 @@
 // context [0, kv_len - q_len + j]):
 //  v1 attention_generic: one block per (token, head), warps stride over keys,
 //     online softmax in fp32. Any head_dim <= 256; the reference on the GPU.
-//  v2 attention_mma: FlashAttention-2 style on tensor cores (mma.sync m16n8k16
+//  v3 attention_v3: FlashAttention-2 style on tensor cores (mma.sync m16n8k16
 //     bf16, fp32 accumulate). Its rows are (token, query head) pairs of one
 //     sequence and one K/V head, so a K/V tile in shared memory serves every
 //     query head of the group (falcon-7b: 71 heads on 1 K/V head). K/V tiles are
-//     gathered from the pages with cp.async; the context may be split over
-//     blocks (flash-decoding) and merged by attention_combine.
+//     gathered from the pages with cp.async, K double-buffered; the context may be
+//     split over blocks (flash-decoding) and merged by attention_combine.
 // Both add ALiBi's bias bf16(bf16(slope) * bf16(key position)) to q.k before
 // the scale when given slopes (positions absolute: chunks and splits agree).
-// An FP8 cache (E4M3 codes, scale 1) is read by v1 and v3 (v2 defers to v3): every code
-// is exact in BF16, so v3 widens its tiles on the way into shared memory and its MMAs
-// are unchanged, while the pages cost half the bytes.
+// An FP8 cache (E4M3 codes, scale 1) is read by both: every code is exact in BF16, so v3
+// widens its tiles on the way into shared memory and its MMAs are unchanged, while the pages
+// cost half the bytes. The earlier generations (v2: 64-row tiles; v3 with one K buffer; v3 as
+// 8 warps of 16 rows) measured slower and are in git history (docs/gpu.md, "Attention").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -163,10 +164,9 @@ __global__ void attention_generic_kernel(AttentionParams p) {
 }
 
 // ---------------------------------------------------------------------------
-// v2: tensor-core flash attention. Block: 4 warps, 64 rows (16 per warp) x
-// 64-key tiles. Row r of the (sequence b, K/V head g) problem is token
-// j = r / group, query head g * group + r % group.
-constexpr int kBlockM = 64, kBlockN = 64, kMmaThreads = 128;
+// Tensor-core flash attention: the mma.sync helpers. Row r of the (sequence b, K/V head g)
+// problem is token j = r / group, query head g * group + r % group; keys go in 64-key tiles.
+constexpr int kBlockN = 64;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -210,220 +210,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// grid (m tiles, n_seqs * n_kv_heads, n_splits). With n_splits > 1, writes
-// partial outputs (normalised over the split) to o_part [n_splits, T, n_heads, D]
-// and their log2-sum-exp to lse_part [n_splits, T, n_heads].
-template <int D>
-__global__ void __launch_bounds__(kMmaThreads)
-    attention_mma_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
-  pdl_enter();
-  constexpr int kStride = D + 8;  // bf16 elements per smem row: 16 bytes of padding
-  extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* s_q = smem;
-  uint16_t* s_k = s_q + kBlockM * kStride;
-  uint16_t* s_v = s_k + kBlockN * kStride;
-
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n_kv_heads = static_cast<int>(p.n_kv_heads);
-  const int b = blockIdx.y / n_kv_heads, g = blockIdx.y % n_kv_heads;
-  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
-  const int q_begin = p.cu_q[b], q_len = p.cu_q[b + 1] - q_begin;
-  const int m_rows = q_len * group;
-  const int row0 = blockIdx.x * kBlockM;
-  if (row0 >= m_rows) return;
-  const int64_t cap = p.max_blocks * p.block_size;
-  const int kv_len = static_cast<int>(min(static_cast<int64_t>(p.kv_lens[b]), cap));
-  const int32_t* table = p.block_tables + b * p.max_blocks;
-  const int split = blockIdx.z;
-
-  // This block's keys: its split of the context, up to the last row's causal end.
-  const int last_row = min(row0 + kBlockM, m_rows) - 1;
-  const int ctx_max = kv_len - q_len + last_row / group + 1;
-  const int chunk = ((kv_len + n_splits - 1) / n_splits + kBlockN - 1) / kBlockN * kBlockN;
-  const int k_begin = split * chunk;
-  const int k_end = min(min(kv_len, k_begin + chunk), ctx_max);
-
-  // Q tile: rows beyond the problem are zeros.
-  constexpr int kChunksPerRow = D / 8;
-  for (int c = tid; c < kBlockM * kChunksPerRow; c += kMmaThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-    const int row = row0 + r;
-    const bool ok = row < m_rows;
-    const int tok = q_begin + (ok ? row / group : 0);
-    const int head = g * group + (ok ? row % group : 0);
-    cp_async16(s_q + r * kStride + col,
-               p.q + (static_cast<int64_t>(tok) * p.n_heads + head) * D + col, ok ? 16 : 0);
-  }
-  auto load_kv = [&](uint16_t* dst, const uint16_t* cache, int n0) {
-    for (int c = tid; c < kBlockN * kChunksPerRow; c += kMmaThreads) {
-      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-      const int pos = n0 + r;
-      int32_t blk = pos < k_end ? table[pos / p.block_size] : -1;
-      const bool ok = blk >= 0 && blk < p.num_blocks;
-      const int64_t slot = ok ? static_cast<int64_t>(blk) * p.block_size + pos % p.block_size : 0;
-      cp_async16(dst + r * kStride + col, cache + (slot * p.n_kv_heads + g) * D + col, ok ? 16 : 0);
-    }
-  };
-  const auto* k_cache = static_cast<const uint16_t*>(p.k_cache);
-  const auto* v_cache = static_cast<const uint16_t*>(p.v_cache);
-  if (k_begin < k_end) load_kv(s_k, k_cache, k_begin);
-  cp_async_commit();
-
-  // Each thread's two rows (lane / 4 and lane / 4 + 8 of its warp's 16).
-  int ctx_row[2];
-  float slope_row[2];  // ALiBi slope of the row's head, rounded to bf16
-  const float* slopes = p.alibi_slopes;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + warp * 16 + lane / 4 + i * 8;
-    ctx_row[i] = row < m_rows ? kv_len - q_len + row / group + 1 : 0;
-    slope_row[i] = slopes && row < m_rows ? round_bf16(slopes[g * group + row % group]) : 0.0f;
-  }
-  float o_acc[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o_acc[i][0] = o_acc[i][1] = o_acc[i][2] = o_acc[i][3] = 0.0f;
-  float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.scale * kLog2e;
-  uint32_t q_frag[D / 16][4];
-  bool q_loaded = false;
-
-  for (int n0 = k_begin; n0 < k_end; n0 += kBlockN) {
-    cp_async_wait_all();
-    __syncthreads();  // K tile (and Q) visible; every warp is done with the previous V
-    if (!q_loaded) {
-#pragma unroll
-      for (int kc = 0; kc < D / 16; ++kc) {
-        const int r = warp * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int col = kc * 16 + (lane / 16) * 8;
-        ldmatrix_x4(q_frag[kc], s_q + r * kStride + col);
-      }
-      q_loaded = true;
-    }
-    load_kv(s_v, v_cache, n0);
-    cp_async_commit();
-
-    // S = Q K^T for this warp's 16 rows x 64 keys: 8 n-tiles of 8 keys.
-    float s[kBlockN / 8][4];
-#pragma unroll
-    for (int i = 0; i < kBlockN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < D / 16; ++kc) {
-#pragma unroll
-      for (int np = 0; np < kBlockN / 16; ++np) {
-        uint32_t kb[4];
-        const int key = np * 16 + (lane % 8) + (lane / 16) * 8;
-        const int col = kc * 16 + ((lane / 8) % 2) * 8;
-        ldmatrix_x4(kb, s_k + key * kStride + col);
-        mma_bf16(s[2 * np], q_frag[kc], kb[0], kb[1]);
-        mma_bf16(s[2 * np + 1], q_frag[kc], kb[2], kb[3]);
-      }
-    }
-    // Mask (causal end, split end) and the online softmax, in the log2 domain.
-    float row_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = n0 + nt * 8 + (lane % 4) * 2 + (e % 2);
-        const int i = e / 2;
-        const bool ok = key < ctx_row[i] && key < k_end;
-        const float bias = slopes ? alibi_bias(slope_row[i], key) : 0.0f;
-        s[nt][e] = ok ? (s[nt][e] + bias) * scale_log2 : -INFINITY;
-        row_max[i] = fmaxf(row_max[i], s[nt][e]);
-      }
-    }
-    float alpha[2], m_use[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
-      row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
-      const float m_new = fmaxf(m_i[i], row_max[i]);
-      m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[i] = exp2f(m_i[i] - m_use[i]);
-      m_i[i] = m_new;
-      l_i[i] *= alpha[i];
-    }
-#pragma unroll
-    for (int nt = 0; nt < kBlockN / 8; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - m_use[e / 2]);
-        l_i[e / 2] += s[nt][e];
-      }
-    }
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt) {
-      o_acc[dt][0] *= alpha[0];
-      o_acc[dt][1] *= alpha[0];
-      o_acc[dt][2] *= alpha[1];
-      o_acc[dt][3] *= alpha[1];
-    }
-
-    cp_async_wait_all();
-    __syncthreads();  // V tile visible; every warp is done with K
-    if (n0 + kBlockN < k_end) load_kv(s_k, k_cache, n0 + kBlockN);
-    cp_async_commit();
-
-    // O += P V: P's accumulator layout is the A operand of the next mma.
-#pragma unroll
-    for (int kc = 0; kc < kBlockN / 16; ++kc) {
-      uint32_t a[4];
-      a[0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
-      a[1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
-      a[2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-      a[3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t vb[4];
-        const int key = kc * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int col = dp * 16 + (lane / 16) * 8;
-        ldmatrix_x4_trans(vb, s_v + key * kStride + col);
-        mma_bf16(o_acc[2 * dp], a, vb[0], vb[1]);
-        mma_bf16(o_acc[2 * dp + 1], a, vb[2], vb[3]);
-      }
-    }
-  }
-  cp_async_wait_all();
-
-  // Row sums over the 4 lanes of a row, then the write.
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_i[i] += __shfl_xor_sync(0xffffffffu, l_i[i], 1);
-    l_i[i] += __shfl_xor_sync(0xffffffffu, l_i[i], 2);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = row0 + warp * 16 + lane / 4 + i * 8;
-    if (row >= m_rows) continue;
-    const int64_t tok = q_begin + row / group;
-    const int64_t head = g * group + row % group;
-    const float inv = l_i[i] > 0.0f ? 1.0f / l_i[i] : 0.0f;
-    if (n_splits == 1) {
-      uint16_t* op = p.out + (tok * p.n_heads + head) * D;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        const int col = dt * 8 + (lane % 4) * 2;
-        *reinterpret_cast<uint32_t*>(op + col) =
-            pack_bf16(o_acc[dt][2 * i] * inv, o_acc[dt][2 * i + 1] * inv);
-      }
-    } else {
-      const int64_t idx = (static_cast<int64_t>(split) * p.n_tokens + tok) * p.n_heads + head;
-      float* op = o_part + idx * D;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        const int col = dt * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(op + col) =
-            make_float2(o_acc[dt][2 * i] * inv, o_acc[dt][2 * i + 1] * inv);
-      }
-      if (lane % 4 == 0) lse_part[idx] = l_i[i] > 0.0f ? m_i[i] + log2f(l_i[i]) : -INFINITY;
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------
-// v3: v2's structure with NW warps of MF m16 fragments, kBlockM = 16 * MF * NW
-// rows; each K / V fragment read from shared memory feeds MF mma (the default
-// for head_dim 64: NW = 4, MF = 2, 128-row tiles, 32 rows a warp). Only tiles that cross a row's
+// v3: 4 warps of MF m16 fragments, 64 * MF rows a tile; each K / V fragment read from shared
+// memory feeds MF mma (head_dim 64 with more than 64 rows: MF = 2, 128-row tiles, 32 rows a
+// warp). Only tiles that cross a row's
 // causal end or the split end are masked; the scale is folded into the exponent's FMA (scores and
 // maxima stay unscaled); a K/V tile's slots are computed once for K and V,
 // from block-table entries read one tile ahead (shift / mask for power-of-two
@@ -438,10 +228,12 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-template <int D, int MF, int NW, bool kAlibi, bool kDoubleK, bool kFp8>
-__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
+constexpr int kV3Warps = 4;
+
+template <int D, int MF, bool kAlibi, bool kFp8>
+__global__ void __launch_bounds__(kV3Warps * 32)
     attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
-  static_assert(!kFp8 || kDoubleK, "an FP8 cache is read with two K buffers");
+  constexpr int NW = kV3Warps;
   pdl_enter();
   constexpr int kV3Threads = NW * 32, kM = 16 * MF * NW, kN = kV3BlockN;
   constexpr int kStride = D + 8;                   // bf16 per smem row: 16 bytes of padding
@@ -451,8 +243,8 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
   constexpr bool kQRegs = D * MF <= 128;           // else Q fragments are re-read from smem
   extern __shared__ __align__(16) uint16_t smem[];
   uint16_t* s_q = smem;
-  uint16_t* s_k0 = s_q + kM * kStride;  // kDoubleK: K tiles alternate over two buffers
-  uint16_t* s_v = s_k0 + (kDoubleK ? 2 : 1) * kN * kStride;
+  uint16_t* s_k0 = s_q + kM * kStride;  // K tiles alternate over two buffers
+  uint16_t* s_v = s_k0 + 2 * kN * kStride;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n_kv_heads = static_cast<int>(p.n_kv_heads);
@@ -543,11 +335,8 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
     }
   }
   cp_async_commit();
-  if (kDoubleK) {
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i)
-      blk_next[i] = table_at(k_begin + kN + ld_row + i * kRowsPerPass);
-  }
+  for (int i = 0; i < kLoads; ++i) blk_next[i] = table_at(k_begin + kN + ld_row + i * kRowsPerPass);
 
   // Each thread's rows: lane / 4 and lane / 4 + 8 of each of its warp's MF fragments.
   const int warp_row0 = row0 + warp * 16 * MF;
@@ -590,7 +379,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
         for (int kc = 0; kc < D / 16; ++kc) ldmatrix_x4(q_frag[mf][kc], q_addr(mf, kc));
     }
     const int tile = (n0 - k_begin) / kN;
-    uint16_t* s_k = s_k0 + (kDoubleK ? (tile & 1) * kN * kStride : 0);
+    uint16_t* s_k = s_k0 + (tile & 1) * kN * kStride;
     if constexpr (kFp8) {
       fetch_tile(v_raw, p.v_cache);
     } else {
@@ -598,20 +387,18 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
     }
     cp_async_commit();
     const bool k_next = n0 + kN < k_end;
-    if constexpr (kDoubleK) {  // the next K tile, into the buffer that K(n - 1) left
-      if (k_next) {
-        set_slots(blk_next, n0 + kN);
-        if constexpr (kFp8) {
-          fetch_tile(k_raw, p.k_cache);
-        } else {
-          load_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, p.k_cache);
-        }
+    if (k_next) {  // the next K tile, into the buffer that K(n - 1) left
+      set_slots(blk_next, n0 + kN);
+      if constexpr (kFp8) {
+        fetch_tile(k_raw, p.k_cache);
+      } else {
+        load_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, p.k_cache);
       }
-      cp_async_commit();
     }
+    cp_async_commit();
 #pragma unroll
     for (int i = 0; i < kLoads; ++i)
-      blk_next[i] = table_at(n0 + (kDoubleK ? 2 : 1) * kN + ld_row + i * kRowsPerPass);
+      blk_next[i] = table_at(n0 + 2 * kN + ld_row + i * kRowsPerPass);
 
     float s[MF][kN / 8][4];
     if (warp_active) {
@@ -711,17 +498,9 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1)
       store_tile(s_v, v_raw);
       if (k_next) store_tile(s_k0 + ((tile + 1) & 1) * kN * kStride, k_raw);
       __syncthreads();
-    } else if constexpr (kDoubleK) {
+    } else {
       asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // V(n); K(n + 1) may fly on
       __syncthreads();
-    } else {
-      cp_async_wait_all();
-      __syncthreads();  // V tile visible; every warp is done with K
-      if (n0 + kN < k_end) {
-        set_slots(blk_next, n0 + kN);
-        load_tile(s_k, p.k_cache);
-      }
-      cp_async_commit();
     }
 
     if (warp_active) {
@@ -820,92 +599,53 @@ __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const 
   }
 }
 
-// Which tensor-core kernel: 2 = v2 (64-row tiles), 4 = v3 with one K buffer,
-// 5 = v3's 128-row tiles as 8 warps of 16 rows (<= 128 registers, 2 blocks an
-// SM; without ALiBi, else as 3), 3 = v3 (the default: 4 warps of 32 rows, K double-buffered); read
-// from KESTREL_ATTN_MMA at every call, so tests and benches can compare them.
-int mma_version() {
-  const char* env = std::getenv("KESTREL_ATTN_MMA");
-  const int v = env ? std::atoi(env) : 3;
-  return v == 2 || v == 4 || v == 5 ? v : 3;
-}
-
-// Rows of a tile: v3 takes 128-row tiles (MF = 2) for head_dim 64 when a
-// (sequence, K/V head) problem has more than 64 rows, else 64 (decode with
-// groups up to 64; head_dim 128, where MF = 2 spills: 255 registers and 132
-// bytes of spill stores under ptxas, against 238 and none with MF = 1).
-int tile_rows(const AttentionParams& p, int version) {
+// Rows of a tile: 128 (MF = 2) for head_dim 64 when a (sequence, K/V head) problem has more
+// than 64 rows, else 64 (decode with groups up to 64; head_dim 128, where MF = 2 spills: 255
+// registers and 132 bytes of spill stores under ptxas, against 238 and none with MF = 1).
+int tile_rows(const AttentionParams& p) {
   const int64_t group = p.n_heads / p.n_kv_heads;
-  return version != 2 && p.head_dim == 64 && static_cast<int64_t>(p.max_q_len) * group > 64 ? 128
-                                                                                            : 64;
+  return p.head_dim == 64 && static_cast<int64_t>(p.max_q_len) * group > 64 ? 128 : 64;
 }
 
-template <int D>
-void launch_mma(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
-                cudaStream_t s) {
-  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
-  const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kBlockM - 1) / kBlockM;
-  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.n_seqs * p.n_kv_heads),
-                  static_cast<unsigned>(n_splits));
-  const size_t smem = static_cast<size_t>(kBlockM + 2 * kBlockN) * (D + 8) * sizeof(uint16_t);
-  static bool configured = false;  // one stream, one thread drives the device
-  if (!configured) {
-    cudaFuncSetAttribute(attention_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
-    configured = true;
-  }
-  pdl_launch(attention_mma_kernel<D>, grid, kMmaThreads, smem, s, p, n_splits, o_part, lse_part);
-}
-
-template <int D, int MF, int NW, bool kAlibi, bool kDoubleK, bool kFp8 = false>
+template <int D, int MF, bool kAlibi, bool kFp8>
 void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
                cudaStream_t s) {
-  constexpr int kM = 16 * MF * NW;
+  constexpr int kM = 16 * MF * kV3Warps;
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
   const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kM - 1) / kM;
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.n_seqs * p.n_kv_heads),
                   static_cast<unsigned>(n_splits));
-  const size_t smem =
-      static_cast<size_t>(kM + (kDoubleK ? 3 : 2) * kV3BlockN) * (D + 8) * sizeof(uint16_t);
+  const size_t smem = static_cast<size_t>(kM + 3 * kV3BlockN) * (D + 8) * sizeof(uint16_t);
   static bool configured = false;  // one stream, one thread drives the device
   if (!configured) {
-    cudaFuncSetAttribute(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK, kFp8>,
+    cudaFuncSetAttribute(attention_v3_kernel<D, MF, kAlibi, kFp8>,
                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     configured = true;
   }
-  pdl_launch(attention_v3_kernel<D, MF, NW, kAlibi, kDoubleK, kFp8>, grid, NW * 32, smem, s, p,
-             n_splits, o_part, lse_part);
+  pdl_launch(attention_v3_kernel<D, MF, kAlibi, kFp8>, grid, kV3Warps * 32, smem, s, p, n_splits,
+             o_part, lse_part);
 }
 
-template <int D, int MF, int NW>
-void launch_v3_variant(const AttentionParams& p, int version, int n_splits, float* o_part,
-                       float* lse_part, cudaStream_t s) {
-  const bool alibi = p.alibi_slopes != nullptr, double_k = version != 4;
-  if (p.kv_fp8) {  // (version 3: the caller maps the others to it)
-    alibi ? launch_v3<D, MF, NW, true, true, true>(p, n_splits, o_part, lse_part, s)
-          : launch_v3<D, MF, NW, false, true, true>(p, n_splits, o_part, lse_part, s);
-    return;
-  }
-  if (alibi) {
-    double_k ? launch_v3<D, MF, NW, true, true>(p, n_splits, o_part, lse_part, s)
-             : launch_v3<D, MF, NW, true, false>(p, n_splits, o_part, lse_part, s);
+template <int D, int MF>
+void launch_v3_variant(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
+                       cudaStream_t s) {
+  const bool alibi = p.alibi_slopes != nullptr;
+  if (p.kv_fp8) {
+    alibi ? launch_v3<D, MF, true, true>(p, n_splits, o_part, lse_part, s)
+          : launch_v3<D, MF, false, true>(p, n_splits, o_part, lse_part, s);
   } else {
-    double_k ? launch_v3<D, MF, NW, false, true>(p, n_splits, o_part, lse_part, s)
-             : launch_v3<D, MF, NW, false, false>(p, n_splits, o_part, lse_part, s);
+    alibi ? launch_v3<D, MF, true, false>(p, n_splits, o_part, lse_part, s)
+          : launch_v3<D, MF, false, false>(p, n_splits, o_part, lse_part, s);
   }
 }
 
 template <int D>
-void launch_v3_rows(const AttentionParams& p, int version, int rows, int n_splits, float* o_part,
+void launch_v3_rows(const AttentionParams& p, int rows, int n_splits, float* o_part,
                     float* lse_part, cudaStream_t s) {
   if constexpr (D == 64) {
-    // 8 warps at <= 128 registers: only without ALiBi and with two K buffers,
-    // where ptxas spills nothing (one buffer: 44 bytes, ALiBi: 4).
-    if (rows == 128 && version == 5 && !p.alibi_slopes)
-      return launch_v3<D, 1, 8, false, true>(p, n_splits, o_part, lse_part, s);
-    if (rows == 128) return launch_v3_variant<D, 2, 4>(p, version, n_splits, o_part, lse_part, s);
+    if (rows == 128) return launch_v3_variant<D, 2>(p, n_splits, o_part, lse_part, s);
   }
-  launch_v3_variant<D, 1, 4>(p, version, n_splits, o_part, lse_part, s);
+  launch_v3_variant<D, 1>(p, n_splits, o_part, lse_part, s);
 }
 
 // Splits over the context when the (tile, sequence, K/V head) grid would leave
@@ -913,12 +653,9 @@ void launch_v3_rows(const AttentionParams& p, int version, int rows, int n_split
 // loop is latency-bound: on the H200, a decode step's 2-tile blocks took
 // 12 us, 1-tile ones 7 us). Not once the grid fills half the multiprocessors: at falcon-7b
 // decode batch 128 (128 blocks of 3 tiles) 3 splits took 16 us and their combine 13 us, more
-// than the unsplit kernel. KESTREL_ATTN_SPLITS=N forces N (benchmarks).
+// than the unsplit kernel. Tuning::attention_splits forces a count (benchmarks).
 int choose_splits(const AttentionParams& p, int rows, int n_sms) {
-  static const int forced = [] {
-    const char* e = std::getenv("KESTREL_ATTN_SPLITS");
-    return e ? std::atoi(e) : 0;
-  }();
+  const int forced = tuning().attention_splits;
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
   const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + rows - 1) / rows;
   const int64_t base = m_tiles * p.n_seqs * p.n_kv_heads;
@@ -944,27 +681,21 @@ bool attention_mma_supported(const AttentionParams& p) {
 }
 
 size_t attention_workspace_bytes(const AttentionParams& p, int n_sms) {
-  const int splits = choose_splits(p, tile_rows(p, p.kv_fp8 ? 3 : mma_version()), n_sms);
+  const int splits = choose_splits(p, tile_rows(p), n_sms);
   if (splits <= 1) return 0;
   return static_cast<size_t>(splits) * p.n_tokens * p.n_heads * (p.head_dim + 1) * sizeof(float);
 }
 
 void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s) {
   if (p.n_tokens == 0) return;
-  const int version = p.kv_fp8 ? 3 : mma_version();  // an FP8 cache: v3 with two K buffers
-  const int rows = tile_rows(p, version);
+  const int rows = tile_rows(p);
   const int splits = workspace ? choose_splits(p, rows, n_sms) : 1;
   float* o_part = static_cast<float*>(workspace);
   float* lse_part =
       splits > 1 ? o_part + static_cast<int64_t>(splits) * p.n_tokens * p.n_heads * p.head_dim
                  : nullptr;
-  if (version == 2) {
-    p.head_dim == 64 ? launch_mma<64>(p, splits, o_part, lse_part, s)
-                     : launch_mma<128>(p, splits, o_part, lse_part, s);
-  } else {
-    p.head_dim == 64 ? launch_v3_rows<64>(p, version, rows, splits, o_part, lse_part, s)
-                     : launch_v3_rows<128>(p, version, rows, splits, o_part, lse_part, s);
-  }
+  p.head_dim == 64 ? launch_v3_rows<64>(p, rows, splits, o_part, lse_part, s)
+                   : launch_v3_rows<128>(p, rows, splits, o_part, lse_part, s);
   if (splits > 1) {
     const int64_t pairs = p.n_tokens * p.n_heads;
     pdl_launch(

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 
 namespace kestrel::cuda {
 namespace {
@@ -33,16 +34,6 @@ uint16_t* bf_mut(Tensor& t) {
   return t.data<uint16_t>();
 }
 
-int g_attention_kernel = -1;  // -1: not read from the environment yet
-
-int attention_kernel() {
-  if (g_attention_kernel < 0) {
-    const char* env = std::getenv("KESTREL_ATTN_KERNEL");
-    g_attention_kernel = env ? std::atoi(env) : 0;
-  }
-  return g_attention_kernel;
-}
-
 int sm_count() {
   static int n = [] {
     int dev = 0, sms = 0;
@@ -54,10 +45,6 @@ int sm_count() {
 }
 
 }  // namespace
-
-void set_attention_kernel(int which) {
-  g_attention_kernel = which;
-}
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   need("embedding", "ids", ids, DType::kI32);
@@ -356,7 +343,7 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   p.scale = scale;
   p.alibi_slopes = alibi_slopes.defined() ? alibi_slopes.data<float>() : nullptr;
   if (p.n_tokens == 0 || p.n_seqs == 0) return;
-  const int which = attention_kernel();
+  const int which = tuning().attention_kernel;
   if (which != 1 && kernels::attention_mma_supported(p)) {
     const int sms = sm_count();
     const size_t ws_bytes = kernels::attention_workspace_bytes(p, sms);

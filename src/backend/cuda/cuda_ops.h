@@ -89,14 +89,5 @@ std::vector<ops::SampleResult> sample_on_device(const Tensor& logits,
                                                 std::vector<uint8_t>* masks);
 size_t sampling_workspace_bytes(int64_t n_rows, int64_t vocab);
 
-// Which attention kernel paged_attention uses: 0 automatic, 1 the generic
-// per-(token, head) kernel, 2 the tensor-core kernel (head_dim 64 / 128).
-// For tests and benchmarks; also read from KESTREL_ATTN_KERNEL at first use.
-void set_attention_kernel(int which);
-// Which linear serves 1..8 rows: -1 (default) the GEMV of gemv.cu (variant 4) where it
-// measured faster (1 row; 2 rows below k 16384) and applies (k % 8 == 0, 16-byte aligned
-// operands), 0 cuBLASLt only, 1..4 the GEMV's variant 1..4 (kernels.h) for every 1..8 rows. For
-// tests and benchmarks; also read from KESTREL_GEMV at first use.
-void set_gemv_mode(int mode);
 
 }  // namespace kestrel::cuda

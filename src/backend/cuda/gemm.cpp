@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_common.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tuning.h"
 #include "core/logging.h"
 
 #define CUBLAS_CHECK(call)                                                                  \
@@ -40,19 +41,6 @@ struct Plan {
   bool bias_epilogue = false;  // else a separate kernel adds the bias
   bool gelu_epilogue = false;  // else a separate kernel applies GELU
 };
-
-// KESTREL_GELU_EPILOGUE, read once: 1 (default) GELU inside cuBLASLt's epilogue where it has
-// an algorithm for it (its GELU is the tanh form: within 5e-4 of erf's, far below a bf16
-// step; the fixtures' bounds hold), 0 always the exact erf GELU as a kernel after (one more
-// pass over fc1's output: on the H200 14 us a decode layer at batch 128, 1.5 ms a prefill
-// layer of 16k tokens).
-bool gelu_epilogue_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KESTREL_GELU_EPILOGUE");
-    return !(e && e[0] == '0');
-  }();
-  return on;
-}
 
 constexpr int kMaxAlgos = 8;
 
@@ -170,7 +158,7 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
   cublasLtMatmulHeuristicResult_t results[kMaxAlgos] = {};
   // Most fused first: GELU (with the bias, if any) in the epilogue, then bias alone, then
   // neither (GELU never without its bias: it applies to the biased sum).
-  const bool bias_ok = has_bias && !f32_out, gelu_ok = gelu && !f32_out && gelu_epilogue_enabled();
+  const bool bias_ok = has_bias && !f32_out, gelu_ok = gelu && !f32_out && tuning().gelu_epilogue;
   int found = 0;
   if (gelu_ok) found = describe(p, key, bias_ok, true, results);
   if (found == 0 && bias_ok) found = describe(p, key, true, false, results);
@@ -185,17 +173,6 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
   }
   p.algo = results[0].algo;
   return g.plans.emplace(key, p).first->second;
-}
-
-// -1: the measured rule below (default); 0: never (cuBLASLt only); 1..4: that variant always.
-int g_gemv_mode = -2;  // -2: not read from KESTREL_GEMV yet
-
-int gemv_mode() {
-  if (g_gemv_mode == -2) {
-    const char* env = std::getenv("KESTREL_GEMV");
-    g_gemv_mode = env ? std::atoi(env) : -1;
-  }
-  return g_gemv_mode;
 }
 
 // What a plan's epilogue did not fuse, after its product: the bias, then GELU (bf16 out).
@@ -246,10 +223,6 @@ void linear_cublas(const Tensor& x, const Tensor& weight, const Tensor& bias, Te
 }
 
 }  // namespace
-
-void set_gemv_mode(int mode) {
-  g_gemv_mode = mode;
-}
 
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {
   q = Tensor::empty(DType::kF8E4M3, weight.shape(), Device::kCuda);
@@ -344,7 +317,7 @@ void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Tenso
   const bool per_row = s.numel() > 1;
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
   if (n_tokens == 0 || n_out == 0) return;
-  const bool gemv = !epilogue.fp8_activations && gemv_mode() != 0 && n_tokens <= kFp8GemvRows;
+  const bool gemv = !epilogue.fp8_activations && tuning().gemv != 0 && n_tokens <= kFp8GemvRows;
   if (gemv && kernels::gemv_fp8_supported(n_tokens, n_in, x.raw(), weight.raw())) {
     kernels::gemv_fp8(x.data<uint16_t>(), weight.data<uint8_t>(), s.data<float>(), per_row,
                       bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,
@@ -392,7 +365,7 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   // Where the GEMV measured faster than cuBLASLt on the H200 (docs/gpu.md, "GEMV and
   // fusions"): v4 (k split over a block's warps) for 1 row at every falcon-7b shape and for 2
   // rows below k 16384; cuBLASLt's split-K kernels win from 4 rows on.
-  const int mode = gemv_mode();
+  const int mode = tuning().gemv;
   int variant = mode;
   if (mode < 0) variant = n_tokens == 1 || (n_tokens == 2 && n_in < 16384) ? 4 : 0;
   if (variant > 0 && kernels::gemv_supported(n_tokens, n_in, x.raw(), weight.raw())) {

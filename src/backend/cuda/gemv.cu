@@ -231,7 +231,7 @@ void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias,
               int64_t kc, bool gelu, bool accumulate, const uint16_t* addend, void* out,
               bool f32_out, cudaStream_t s) {
   // Only worth it where the kernel may start early (a programmatic dependent).
-  const bool prefetch = gemv_prefetch_enabled() && pdl_for(s);
+  const bool prefetch = tuning().gemv_prefetch && pdl_for(s);
   auto go = [&](auto kernel, int r) {
     const int64_t rows_per_block = int64_t{kGemvThreads / 32} * r;
     const unsigned blocks = static_cast<unsigned>((n + rows_per_block - 1) / rows_per_block);

@@ -26,12 +26,11 @@ namespace {
 
 constexpr int kTile = kLoraTileRows;  // rows per tile
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;   // shrink: one rank per warp, kWarps ranks per block
-constexpr int kPrefetch = 2;            // expand: 16-byte words of b rows loaded before the wait
-constexpr int kMaxSplits = 64;          // split-K partials the expand sums at most
-constexpr int64_t kTargetBlocks = 264;  // shrink: 2 blocks per SM of the H200's 132
-                                        // (KESTREL_LORA_SHRINK_BLOCKS overrides it)
-constexpr int64_t kWideBlocks = 264;    // expand: 2 columns a thread from 264 blocks on
+constexpr int kWarps = kThreads / 32;  // shrink: one rank per warp, kWarps ranks per block
+constexpr int kPrefetch = 2;           // expand: 16-byte words of b rows loaded before the wait
+constexpr int kMaxSplits = 64;         // split-K partials the expand sums at most
+                                       // (KESTREL_LORA_SHRINK_BLOCKS overrides it)
+constexpr int64_t kWideBlocks = 264;   // expand: 2 columns a thread from 264 blocks on
 
 __device__ __forceinline__ float bf(uint16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v) << 16);
@@ -266,24 +265,6 @@ __global__ void __launch_bounds__(kThreads, 4)
     expand_block<false, C, ROWS>(sd, row0, vp, splits, split_stride, v_stride, out_dim, out);
 }
 
-// KESTREL_LORA_PDL=0 launches the expand plainly (after the whole shrink), for comparison.
-bool pdl_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KESTREL_LORA_PDL");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
-
-// KESTREL_LORA_WIDE=0: one out column a thread in the expand always, for comparison.
-bool wide_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KESTREL_LORA_WIDE");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
-}
-
 template <typename... Params, typename... Args>
 void launch_expand(void (*kernel)(Params...), dim3 grid, cudaStream_t s, bool pdl, Args... args) {
   if (pdl) {
@@ -307,13 +288,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// KESTREL_LORA_ROWS1=0: one-row segments take the 8-row kernels too, for comparison.
+// One-row segments take their own kernel (Tuning::lora_rows1).
 int64_t rows_per_tile(int max_rows) {
-  static const bool rows1 = [] {
-    const char* e = std::getenv("KESTREL_LORA_ROWS1");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return max_rows == 1 && rows1 ? 1 : kTile;
+  return max_rows == 1 && tuning().lora_rows1 ? 1 : kTile;
 }
 
 template <int ROWS>
@@ -333,14 +310,14 @@ void launch(const LoraSegDesc* table, int n_segments, int max_rows, int max_r, b
   else
     pdl_launch(lora_shrink_kernel<1, ROWS>, gs, kThreads, 0, s, table, x, in, chunk, groups, v,
                max_r, split_stride);
-  const bool wide = ROWS == 1 && wide_enabled() &&
+  const bool wide = ROWS == 1 && tuning().lora_wide &&
                     tiles * n_segments * ceil_div(out_dim, 2 * kThreads) >= kWideBlocks;
   const dim3 ge(static_cast<unsigned>(tiles), static_cast<unsigned>(n_segments),
                 static_cast<unsigned>(ceil_div(out_dim, (wide ? 2 : 1) * kThreads)));
   // PDL only with more than one tile: decode batch 1 is bound by the host, where
   // cudaLaunchKernelEx costs more than a plain launch (1.69 against 1.40 ms a step measured).
   // In a capture the host's cost is paid once: PDL there at every size.
-  const bool pdl = pdl_enabled() && (tiles * n_segments > 1 || pdl_for(s));
+  const bool pdl = tuning().lora_pdl && (tiles * n_segments > 1 || pdl_for(s));
   const float* vc = v;
   if (vec_b && wide)
     launch_expand(lora_expand_kernel<1, 2, ROWS>, ge, s, pdl, table, vc, splits, split_stride,
@@ -363,10 +340,7 @@ int lora_shrink_splits(int64_t in, int n_segments, int max_rows, int max_r, bool
   const int64_t units = ceil_div(in, 32 * (vec_in ? 8 : 1));  // one load per lane per unit
   const int64_t blocks =
       ceil_div(max_rows, rows_per_tile(max_rows)) * n_segments * ceil_div(max_r, kWarps);
-  static const int64_t target = [] {
-    const char* e = std::getenv("KESTREL_LORA_SHRINK_BLOCKS");
-    return e && std::atoll(e) > 0 ? static_cast<int64_t>(std::atoll(e)) : kTargetBlocks;
-  }();
+  const int64_t target = tuning().lora_shrink_blocks;
   const int64_t want = ceil_div(target, blocks);
   int64_t per_split = std::max<int64_t>(1, units / want);
   per_split = std::max(per_split, ceil_div(units, kMaxSplits));
@@ -401,16 +375,17 @@ void lora_add_graph(const LoraSegDesc* table, int n_segments, int max_r, bool x_
   else
     pdl_launch(lora_shrink_kernel<1, 1>, gs, kThreads, 0, s, table, x, in, chunk, groups, v, max_r,
                split_stride);
-  const bool wide = wide_enabled() && n_segments * ceil_div(out_dim, 2 * kThreads) >= kWideBlocks;
+  const bool wide =
+      tuning().lora_wide && n_segments * ceil_div(out_dim, 2 * kThreads) >= kWideBlocks;
   const dim3 ge(1, static_cast<unsigned>(n_segments),
                 static_cast<unsigned>(ceil_div(out_dim, (wide ? 2 : 1) * kThreads)));
   // In a graph the host's launch cost is paid once at capture: PDL at every batch size.
   const float* vc = v;
   if (wide)
-    launch_expand(lora_expand_kernel<2, 2, 1>, ge, s, pdl_enabled(), table, vc, splits,
+    launch_expand(lora_expand_kernel<2, 2, 1>, ge, s, tuning().lora_pdl, table, vc, splits,
                   split_stride, max_r, out_dim, out);
   else
-    launch_expand(lora_expand_kernel<2, 1, 1>, ge, s, pdl_enabled(), table, vc, splits,
+    launch_expand(lora_expand_kernel<2, 1, 1>, ge, s, tuning().lora_pdl, table, vc, splits,
                   split_stride, max_r, out_dim, out);
 }
 

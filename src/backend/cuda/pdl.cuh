@@ -12,10 +12,12 @@
 // triggers only after its own wait, the kernel two back has completed when one launches.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdlib>
 #include <utility>
 
-#include <cuda_runtime.h>
+#include "backend/cuda/tuning.h"
 
 namespace kestrel::cuda::kernels {
 
@@ -44,35 +46,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// KESTREL_PDL, read once: 0 (default) never, 1 inside CUDA graph captures only (an eager
-// cudaLaunchKernelEx costs the host more than <<<>>>, and eager decode is bound by the host),
-// 2 always. Off by default: on the H200 PDL in graphs measured slower at batch 1 (falcon-7b
-// decode 214 vs 225 tok/s) and even at 32 and 128 (docs/gpu.md, "Programmatic dependent
-// launch").
-inline int pdl_mode() {
-  static const int mode = [] {
-    const char* e = std::getenv("KESTREL_PDL");
-    if (e == nullptr || *e == '\0') return 0;
-    const int v = std::atoi(e);
-    return v < 0 ? 0 : v > 2 ? 2 : v;
-  }();
-  return mode;
-}
-
-// KESTREL_GEMV_PREFETCH, read once: 1 the GEMV asks L2 for its weight rows before its
-// pdl_wait, so the weight stream starts while the kernel before it finishes (only matters with
-// PDL on); 0 (default) not: it measured slower (batch 1: 186 vs 214 tok/s with PDL).
-inline bool gemv_prefetch_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KESTREL_GEMV_PREFETCH");
-    return e && e[0] == '1';
-  }();
-  return on;
-}
-
 // Whether a launch on s now takes the attribute (pdl_mode above).
 inline bool pdl_for(cudaStream_t s) {
-  const int mode = pdl_mode();
+  const int mode = tuning().pdl;
   if (mode != 1) return mode == 2;
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   return cudaStreamIsCapturing(s, &st) == cudaSuccess && st == cudaStreamCaptureStatusActive;
