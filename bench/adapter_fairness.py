@@ -3,7 +3,8 @@
 are PREFIX00 .. PREFIX{N-1}, e.g. from bench/make_adapters.py).
 
 Open-loop load: each quiet adapter (1 .. N-1) sends requests as a Poisson process of --rate per
-second, the hot adapter (0) --hot-factor times as many, for --duration seconds; every request
+second, the hot adapter (0) --hot-factor times as many (as a Poisson stream, or with --hot-burst
+all in the first half second), for --duration seconds; every request
 streams --prompt-tokens + --new-tokens (distinct prompts: the prefix cache does not help).
 Two runs on the same server: "unloaded" (the quiet adapters alone) and "loaded" (with the hot
 one), each preceded by a request per adapter so that every adapter is loaded. Prints TTFT p50 /
@@ -31,6 +32,10 @@ def schedule(a, hot_factor):
     out = []
     for k in range(a.adapters):
         rng = random.Random(1000 + k)
+        if k == 0 and a.hot_burst and hot_factor > 0:  # its requests all at once, at the start
+            out += [(0.5 * i / (hot_factor * a.rate * a.duration), 0)
+                    for i in range(int(hot_factor * a.rate * a.duration))]
+            continue
         rate = a.rate * (hot_factor if k == 0 else 1.0)
         t = rng.expovariate(rate) if rate > 0 else a.duration
         while t < a.duration:
@@ -98,6 +103,9 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--hot-burst", action="store_true",
+                    help="the hot adapter sends its requests in the first half second (a batch "
+                         "job beside interactive tenants), not as a Poisson stream")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     u = urllib.parse.urlparse(a.url)
@@ -117,7 +125,7 @@ def main():
     unloaded = run_load(a, "unloaded", 0.0, 1)
     loaded = run_load(a, "loaded", a.hot_factor, 2)
     summary = {"adapters": a.adapters, "rate_per_quiet_adapter": a.rate,
-               "hot_factor": a.hot_factor, "duration_s": a.duration,
+               "hot_factor": a.hot_factor, "hot_burst": a.hot_burst, "duration_s": a.duration,
                "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens,
                "unloaded": unloaded, "loaded": loaded}
     q0, q1 = unloaded.get("ttft_ms_quiet"), loaded.get("ttft_ms_quiet")

@@ -100,9 +100,11 @@ void Engine::Impl::fill_grammar_masks(const std::vector<StepWork*>& sampled,
   const auto t0 = Clock::now();
   const int64_t words = grammar_compiler->bitmask_words();
   bitmask.assign(matchers.size() * words, 0);
-  // One thread count for every step: the batch filler keeps its pool while the count holds.
-  static const int threads =
-      static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
+  // One thread count for every step (the batch filler keeps its pool while the count holds):
+  // all cores but a few for the HTTP threads, since a step waits for the slower of this and the
+  // forward.
+  static const int threads = static_cast<int>(
+      std::clamp(static_cast<int>(std::thread::hardware_concurrency()) - 4, 1, 16));
   grammar::fill_bitmasks(matchers, bitmask.data(), words, threads);
   stats.grammar_masked_rows += static_cast<int64_t>(matchers.size());
   stats.grammar_mask_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -115,7 +117,10 @@ uint64_t Engine::Impl::adapter_key(const Sequence& s) {
 // Fair admission (docs/engine.md, "Fairness across adapters"): a preempted sequence first (it
 // was running and holds its place at the front), else the oldest waiting sequence of the adapter
 // (or the base model) with the fewest running sequences. One busy adapter's backlog then never
-// stands between another adapter's request and the next free slot. With one adapter: FIFO.
+// stands between another adapter's request and the next free slot. With more than one tenant
+// about, the last eighth of the running slots is kept for tenants holding less than half of
+// them, so that a quiet adapter's request finds a slot at once while a busy one fills the rest.
+// With one adapter: FIFO over every slot. waiting.end(): admit nothing now.
 std::deque<std::shared_ptr<Sequence>>::iterator Engine::Impl::pick_waiting(
     const std::unordered_map<uint64_t, int64_t>& per_adapter) {
   if (waiting.front()->started) return waiting.begin();
@@ -130,10 +135,17 @@ std::deque<std::shared_ptr<Sequence>>::iterator Engine::Impl::pick_waiting(
     if (n < best_running) {
       best = it;
       best_running = n;
-      if (n == 0) break;
+      if (n == 0) return best;
     }
   }
-  return best;
+  // Every waiting tenant already runs something; `seen` holds them all.
+  const int64_t reserve = std::max<int64_t>(1, opt.max_running_seqs / 8);
+  if (static_cast<int64_t>(running.size()) < opt.max_running_seqs - reserve ||
+      2 * best_running < opt.max_running_seqs)
+    return best;
+  for (const auto& [key, n] : per_adapter)
+    if (n > 0 && !seen.count(key)) return waiting.end();  // another tenant runs: keep the reserve
+  return seen.size() > 1 ? waiting.end() : best;
 }
 
 // Picks this step's work: running sequences first (oldest first, preempting
@@ -175,6 +187,7 @@ std::vector<StepWork> Engine::Impl::schedule() {
   while (!waiting.empty() && budget > 0 &&
          static_cast<int64_t>(running.size()) < opt.max_running_seqs) {
     const auto pick = pick_waiting(per_adapter);
+    if (pick == waiting.end()) break;
     auto s = *pick;
     const int64_t total = static_cast<int64_t>(s->tokens.size());
     if (!running.empty() &&

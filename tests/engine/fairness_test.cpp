@@ -106,5 +106,48 @@ TEST(Fairness, TwoBusyAdaptersAlternate) {
   }
 }
 
+// How many requests start before the first one finishes (the first wave of admissions), with
+// `max_running` slots; every request makes the same number of tokens.
+size_t first_wave(const std::shared_ptr<const FalconModel>& model,
+                  std::vector<GenerationRequest> requests, int64_t max_running) {
+  EngineOptions o;
+  o.max_running_seqs = max_running;
+  o.kv_cache_memory = 8 << 20;
+  Engine engine(model, nullptr, o);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<bool> seen(requests.size(), false);
+  size_t started_before_finish = 0, finished = 0;
+  const size_t n = requests.size();
+  engine.submit_all(std::move(requests), [&](size_t i, EngineEvent e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (e.kind == EngineEvent::Kind::kToken && !seen[i]) {
+      seen[i] = true;
+      if (finished == 0) ++started_before_finish;
+    }
+    if (e.kind != EngineEvent::Kind::kToken) ++finished;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return finished == n; });
+  return started_before_finish;
+}
+
+TEST(Fairness, ReserveKeepsSlotsForOtherTenants) {
+  const auto model = test::load_fixture("falcon7b-mqa-parallel");
+  const auto busy = model->random_adapter("busy", 4, kAllModules, 1);
+  const auto quiet = model->random_adapter("quiet", 4, kAllModules, 2);
+  // Alone, a busy adapter takes every slot.
+  std::vector<GenerationRequest> alone;
+  for (int i = 0; i < 12; ++i) alone.push_back(under(busy, 10 + i));
+  EXPECT_EQ(first_wave(model, std::move(alone), 8), 8u);
+  // Beside another tenant, it stops short of the last eighth (1 of 8 slots): the quiet request
+  // and 6 busy ones start, one slot stays free.
+  std::vector<GenerationRequest> mixed;
+  for (int i = 0; i < 12; ++i) mixed.push_back(under(busy, 10 + i));
+  mixed.push_back(under(quiet, 40));
+  EXPECT_EQ(first_wave(model, std::move(mixed), 8), 7u);
+}
+
 }  // namespace
 }  // namespace kestrel
