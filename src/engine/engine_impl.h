@@ -107,6 +107,8 @@ struct Engine::Impl {
   void fill_grammar_masks(const std::vector<StepWork*>& sampled, std::vector<int32_t>& rows,
                           std::vector<int32_t>& bitmask);
   std::vector<StepWork> schedule();
+  // Gives slots of tenants above their share to tenants waiting below it (a few a step).
+  void preempt_for_fairness();
   // Fair admission across adapters: the waiting sequence to admit next (waiting is not empty).
   std::deque<std::shared_ptr<Sequence>>::iterator pick_waiting(
       const std::unordered_map<uint64_t, int64_t>& per_adapter);

@@ -148,9 +148,58 @@ std::deque<std::shared_ptr<Sequence>>::iterator Engine::Impl::pick_waiting(
   return seen.size() > 1 ? waiting.end() : best;
 }
 
+// Fair preemption (docs/engine.md, "Fairness across adapters"): while every slot is taken and
+// a tenant waits that runs fewer than its share (max_running_seqs over the tenants about), the
+// most recently admitted sequence of the tenant furthest above its share gives its slot up and
+// waits again, behind its tenant's queue (its full blocks stay in the prefix cache, so it
+// resumes with little recompute). At most kFairPreemptions a step.
+void Engine::Impl::preempt_for_fairness() {
+  constexpr int kFairPreemptions = 4;
+  if (waiting.empty() || static_cast<int64_t>(running.size()) < opt.max_running_seqs) return;
+  std::unordered_map<uint64_t, int64_t> per;
+  for (const auto& s : running) ++per[adapter_key(*s)];
+  std::vector<uint64_t> waiting_tenants;  // in the order of their oldest waiting sequence
+  std::unordered_set<uint64_t> tenants;
+  for (const auto& s : waiting)
+    if (tenants.insert(adapter_key(*s)).second) waiting_tenants.push_back(adapter_key(*s));
+  for (const auto& [key, n] : per) tenants.insert(key);
+  if (tenants.size() < 2) return;
+  const int64_t share =
+      std::max<int64_t>(1, opt.max_running_seqs / static_cast<int64_t>(tenants.size()));
+  int left = kFairPreemptions;
+  for (const uint64_t w : waiting_tenants) {
+    if (left == 0) break;
+    if (per[w] >= share) continue;
+    uint64_t heavy = 0;
+    int64_t most = share;
+    for (const auto& [key, n] : per) {
+      if (n > most) {
+        most = n;
+        heavy = key;
+      }
+    }
+    if (most == share) break;  // nobody above its share
+    auto victim = running.end();
+    for (auto it = running.begin(); it != running.end(); ++it) {
+      if (adapter_key(**it) == heavy &&
+          (victim == running.end() || (*it)->admitted_order > (*victim)->admitted_order))
+        victim = it;
+    }
+    const std::shared_ptr<Sequence> v = *victim;
+    running.erase(victim);
+    free_blocks(*v);
+    waiting.push_back(v);
+    ++stats.preemptions;
+    --per[heavy];
+    ++per[w];  // the slot it frees is this tenant's at admission
+    --left;
+  }
+}
+
 // Picks this step's work: running sequences first (oldest first, preempting
 // the most recently admitted when blocks run out), then waiting ones.
 std::vector<StepWork> Engine::Impl::schedule() {
+  preempt_for_fairness();
   int64_t budget = opt.max_batch_prefill_tokens;
   std::vector<StepWork> work;
   for (size_t i = 0; i < running.size() && budget > 0;) {

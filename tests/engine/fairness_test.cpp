@@ -149,5 +149,68 @@ TEST(Fairness, ReserveKeepsSlotsForOtherTenants) {
   EXPECT_EQ(first_wave(model, std::move(mixed), 8), 7u);
 }
 
+TEST(Fairness, ATenantBelowItsShareTakesASlotFromOneAbove) {
+  const auto model = test::load_fixture("falcon7b-mqa-parallel");
+  const auto busy = model->random_adapter("busy", 4, kAllModules, 1);
+  const auto quiet = model->random_adapter("quiet", 4, kAllModules, 2);
+  auto busy_requests = [&] {
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 4; ++i) {
+      GenerationRequest r = under(busy, 10 + i);
+      r.params.max_new_tokens = 24;
+      reqs.push_back(std::move(r));
+    }
+    return reqs;
+  };
+  EngineOptions o;
+  o.max_running_seqs = 2;
+  o.kv_cache_memory = 8 << 20;
+  // Alone: the busy adapter's greedy outputs.
+  std::vector<std::vector<int32_t>> alone;
+  {
+    Engine engine(model, nullptr, o);
+    for (const auto& h : engine.submit_all(busy_requests())) alone.push_back(h->wait().token_ids);
+  }
+  // Both slots busy when the quiet request comes: it starts before any busy request ends, and
+  // the busy request that gave its slot up resumes to the same tokens.
+  Engine engine(model, nullptr, o);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool busy_started = false, quiet_started = false, busy_finished = false;
+  bool quiet_before_finish = false;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  std::vector<std::vector<int32_t>> got(4);
+  size_t done = 0;
+  engine.submit_all(busy_requests(), [&](size_t i, EngineEvent e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (e.kind == EngineEvent::Kind::kToken) busy_started = true;
+    if (e.kind == EngineEvent::Kind::kFinished) {
+      busy_finished = true;
+      got[i] = e.result->token_ids;
+      ++done;
+    }
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return busy_started; });
+  }
+  GenerationRequest q = under(quiet, 40);
+  engine.submit(std::move(q), [&](EngineEvent e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (e.kind == EngineEvent::Kind::kToken && !quiet_started) {
+      quiet_started = true;
+      quiet_before_finish = !busy_finished;
+    }
+    if (e.kind != EngineEvent::Kind::kToken) ++done;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done == 5; });
+  EXPECT_TRUE(quiet_before_finish);
+  EXPECT_EQ(got, alone);
+  EXPECT_GE(engine.stats().preemptions, 1);
+}
+
 }  // namespace
 }  // namespace kestrel
