@@ -39,7 +39,7 @@ fi
 nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ "${KESTREL_SKIP_CUDA:-0}" != 1 ] && [ -x "$nvcc_bin" ]; then
   stage cuda-compile bash -c "cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DKESTREL_CUDA=ON -DKESTREL_TESTS=ON -DKESTREL_BENCH=OFF -DCMAKE_CUDA_COMPILER=$nvcc_bin >/dev/null \
+    -DKESTREL_CUDA=ON -DKESTREL_TESTS=ON -DKESTREL_BENCH=ON -DCMAKE_CUDA_COMPILER=$nvcc_bin >/dev/null \
     && ninja -C build-cuda -j $jobs"
 fi
 echo "all tests passed"

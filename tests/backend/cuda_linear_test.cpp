@@ -1,8 +1,7 @@
 // ops::linear on CUDA against the CPU op: the GEMV of 1..8 rows (each variant) and cuBLASLt,
 // with and without bias, the GELU / accumulate epilogues, bf16 and f32 out, k not a multiple
 // of 8 (cuBLASLt then); fresh random bf16-rounded inputs, outputs poisoned (NaN) or, for
-// accumulate, random. Also a timing harness at falcon-7b's shapes (DISABLED_, run with
-// --gtest_also_run_disabled_tests).
+// accumulate, random. Timing: bench/cuda_ops_bench.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -109,62 +108,6 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
       EXPECT_LE(err, kLinearBound)
           << "mode " << mode << ": " << c.n << "x" << c.in << "->" << c.out << " bias " << c.bias
           << " f32 " << c.f32_out << " gelu " << c.gelu << " acc " << c.accumulate;
-    }
-  }
-  set_gemv_mode(-1);
-}
-
-// The GEMV against cuBLASLt at falcon-7b's decode shapes: median of 20 over weight copies
-// rotated past the 50 MB L2, printed with the achieved weight bandwidth.
-TEST(CudaLinear, DISABLED_GemvTimingFalcon7b) {
-  REQUIRE_GPU();
-  struct Shape3 {
-    const char* name;
-    int64_t in, out;
-    bool f32_out;
-  };
-  const std::vector<Shape3> shapes{{"qkv", 4544, 4672, false},
-                                   {"dense", 4544, 4544, false},
-                                   {"fc1", 4544, 18176, false},
-                                   {"fc2", 18176, 4544, false},
-                                   {"lm_head", 4544, 65024, true}};
-  for (const Shape3& sh : shapes) {
-    const double bytes = 2.0 * sh.in * sh.out;
-    const int copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)));
-    std::vector<Tensor> ws;
-    for (int i = 0; i < copies; ++i)
-      ws.push_back(
-          ops::random_uniform({sh.out, sh.in}, DType::kBF16, Device::kCuda, 7 + i, 0.03f, 0.0f));
-    for (int64_t m : {1, 2, 4, 8}) {
-      Tensor x = ops::random_uniform({m, sh.in}, DType::kBF16, Device::kCuda, 3, 1.0f, 0.0f);
-      Tensor out =
-          Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
-      std::printf("gemv %-8s m=%lld:", sh.name, static_cast<long long>(m));
-      for (int mode : {0, 1, 2, 3, 4}) {
-        set_gemv_mode(mode);
-        std::vector<double> us;
-        for (int it = 0; it < 24; ++it) {
-          ops::synchronize(Device::kCuda);
-          const auto t0 = std::chrono::steady_clock::now();
-          for (int r = 0; r < 10; ++r) ops::linear(x, ws[(it * 10 + r) % copies], Tensor(), out);
-          ops::synchronize(Device::kCuda);
-          if (it >= 4)
-            us.push_back(
-                std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                    .count() /
-                10);
-        }
-        std::sort(us.begin(), us.end());
-        const double med = us[us.size() / 2];
-        std::printf("  %s %.1f us (%.2f TB/s)",
-                    mode == 0   ? "cublas"
-                    : mode == 1 ? "v1"
-                    : mode == 2 ? "v2"
-                    : mode == 3 ? "v3"
-                                : "v4",
-                    med, bytes / med / 1e6);
-      }
-      std::printf("\n");
     }
   }
   set_gemv_mode(-1);

@@ -1,7 +1,6 @@
 // ops::lora_add and ops::lora_add_table on CUDA against the CPU op: decode (one row a segment),
 // prefill segments, mixed ranks 1..128, F16 weights, odd shapes (scalar loads), device-side
-// tables with unused and rank-0 entries; and a timing harness at falcon-7b's shapes (DISABLED_,
-// run with --gtest_also_run_disabled_tests).
+// tables with unused and rank-0 entries. Timing: bench/cuda_ops_bench.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -302,73 +301,6 @@ TEST(CudaOps, LoraAddRefusesRankAbove128) {
     FAIL() << "rank 129 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("at most 128"), std::string::npos) << e.what();
-  }
-}
-
-// Timing at falcon-7b shapes (printed; run with --gtest_also_run_disabled_tests): one decode
-// step's LoRA work, 4 modules (qkv 4544->4672, dense 4544->4544, fc1 4544->18176, fc2
-// 18176->4544) x 32 layers, batch 32 (1 row a sequence) over A distinct rank-16 adapters
-// (sequences sorted by adapter: A segments), against the base linears of the same step.
-TEST(CudaOps, DISABLED_LoraDecodeTimingFalcon7b) {
-  REQUIRE_GPU();
-  const std::vector<std::pair<int64_t, int64_t>> mods{
-      {4544, 4672}, {4544, 4544}, {4544, 18176}, {18176, 4544}};
-  const int64_t rank = 16;
-  for (int64_t batch : {1, 32}) {
-    std::vector<Tensor> xs, outs, ws;
-    for (auto [in, o] : mods) {
-      xs.push_back(to_gpu_bf16(random_host({batch, in})));
-      outs.push_back(to_gpu_bf16(random_host({batch, o})));
-      ws.push_back(to_gpu_bf16(random_host({o, in}, -0.01f, 0.01f)));
-    }
-    auto time_ms = [&](auto&& fn) {
-      for (int w = 0; w < 3; ++w) fn();
-      ops::synchronize(Device::kCuda);
-      const auto t0 = std::chrono::steady_clock::now();
-      const int iters = 10;
-      for (int it = 0; it < iters; ++it) fn();
-      ops::synchronize(Device::kCuda);
-      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                 .count() /
-             iters;
-    };
-    // One base weight per module, used by all 32 layers (fc1 / fc2 are 165 MB each, over the
-    // 50 MB L2, so most of the bytes still come from HBM; qkv / dense partly hit L2).
-    const double base_ms = time_ms([&] {
-      for (int l = 0; l < 32; ++l)
-        for (size_t m = 0; m < mods.size(); ++m) ops::linear(xs[m], ws[m], Tensor(), outs[m]);
-    });
-    for (int64_t n_adapters : {int64_t{1}, int64_t{8}, int64_t{32}}) {
-      if (batch == 1 && n_adapters > 1) continue;
-      // Distinct adapter weights per (layer, module, adapter), as in the model: 32 layers.
-      std::vector<std::vector<Tensor>> A(32 * mods.size()), B(32 * mods.size());
-      for (int l = 0; l < 32; ++l)
-        for (size_t m = 0; m < mods.size(); ++m)
-          for (int64_t k = 0; k < n_adapters; ++k) {
-            A[l * mods.size() + m].push_back(to_gpu_bf16(random_host({rank, mods[m].first})));
-            B[l * mods.size() + m].push_back(to_gpu_bf16(random_host({mods[m].second, rank})));
-          }
-      const double lora_ms = time_ms([&] {
-        for (int l = 0; l < 32; ++l)
-          for (size_t m = 0; m < mods.size(); ++m) {
-            std::vector<ops::LoraSegment> seg;
-            const size_t k = l * mods.size() + m;
-            for (int64_t s = 0; s < n_adapters; ++s) {
-              const int32_t b0 = static_cast<int32_t>(s * batch / n_adapters);
-              const int32_t e0 = static_cast<int32_t>((s + 1) * batch / n_adapters);
-              seg.push_back({b0, e0, &A[k][s], &B[k][s], 2.0f});
-            }
-            ops::lora_add(xs[m], seg, outs[m]);
-          }
-      });
-      const double mb = 32.0 * n_adapters * rank * (31808 + 31936) * 2 / 1e6;
-      std::printf(
-          "lora decode falcon-7b: batch %lld, %lld adapters of rank %lld: base linears %.3f ms, "
-          "lora_add %.3f ms (%.1f MB of A/B, %.2f TB/s), base / (base + lora) = %.3f\n",
-          static_cast<long long>(batch), static_cast<long long>(n_adapters),
-          static_cast<long long>(rank), base_ms, lora_ms, mb, mb / 1e6 / (lora_ms / 1e3),
-          base_ms / (base_ms + lora_ms));
-    }
   }
 }
 

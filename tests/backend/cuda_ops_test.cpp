@@ -395,69 +395,6 @@ TEST_P(CudaAttention, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(attention_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// Timing of the tensor-core attention kernel (v3) and the generic one (v1) at falcon-7b shapes
-// (MQA 71/1, head_dim 64, block 16) and one head_dim 128 GQA shape (printed; run with
-// --gtest_also_run_disabled_tests). Causal FLOPs: 4 d per (row, key) pair within the causal
-// range.
-TEST(CudaAttention, DISABLED_TimingFalcon7b) {
-  REQUIRE_GPU();
-  struct Shape3 {
-    const char* name;
-    int64_t n_heads, n_kv_heads, head_dim, batch;
-    int32_t q_len, kv_len;
-  };
-  const std::vector<Shape3> shapes{{"prefill 1x2048", 71, 1, 64, 1, 2048, 2048},
-                                   {"prefill 8x512", 71, 1, 64, 8, 512, 512},
-                                   {"decode b1 ctx 256", 71, 1, 64, 1, 1, 256},
-                                   {"decode b32 ctx 256", 71, 1, 64, 32, 1, 256},
-                                   {"decode b128 ctx 256", 71, 1, 64, 128, 1, 256},
-                                   {"gqa32x8 d128 prefill 1x2048", 32, 8, 128, 1, 2048, 2048}};
-  const int64_t bs = 16;
-  for (const Shape3& c : shapes) {
-    const int64_t blocks_per_seq = (c.kv_len + bs - 1) / bs;
-    const int64_t num_blocks = c.batch * blocks_per_seq, n_tokens = c.batch * c.q_len;
-    std::vector<int32_t> tables(num_blocks), cu{0}, lens;
-    std::iota(tables.begin(), tables.end(), 0);
-    double flops = 0;
-    for (int64_t b = 0; b < c.batch; ++b) {
-      cu.push_back(cu.back() + c.q_len);
-      lens.push_back(c.kv_len);
-      for (int32_t j = 0; j < c.q_len; ++j)
-        flops += 4.0 * c.head_dim * c.n_heads * (c.kv_len - c.q_len + j + 1);
-    }
-    const Tensor q = to_gpu_bf16(random_host({n_tokens, c.n_heads, c.head_dim}));
-    const Tensor kc = to_gpu_bf16(random_host({num_blocks, bs, c.n_kv_heads, c.head_dim}));
-    const Tensor vc = to_gpu_bf16(random_host({num_blocks, bs, c.n_kv_heads, c.head_dim}));
-    const Tensor g_tables =
-        ops::to_device(host_i32(tables, {c.batch, blocks_per_seq}), Device::kCuda);
-    const Tensor g_cu = ops::to_device(host_i32(cu, {c.batch + 1}), Device::kCuda);
-    const Tensor g_lens = ops::to_device(host_i32(lens, {c.batch}), Device::kCuda);
-    Tensor out = poisoned_gpu({n_tokens, c.n_heads, c.head_dim});
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    double ms[2] = {0, 0};
-    for (int v = 0; v < 2; ++v) {
-      set_attention_kernel(v == 0 ? 2 : 1);
-      auto run = [&] {
-        ops::paged_attention(q, kc, vc, g_tables, g_cu, g_lens, c.kv_len, scale, out, c.q_len,
-                             Tensor());
-      };
-      for (int w = 0; w < 3; ++w) run();
-      ops::synchronize(Device::kCuda);
-      const int iters = 20;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int it = 0; it < iters; ++it) run();
-      ops::synchronize(Device::kCuda);
-      ms[v] =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() /
-          iters;
-    }
-    set_attention_kernel(0);
-    std::printf("attention %s: v3 %.1f us (%.0f TFLOP/s), v1 %.1f us (%.0f), v1 / v3 %.2fx\n",
-                c.name, ms[0] * 1e3, flops / ms[0] / 1e9, ms[1] * 1e3, flops / ms[1] / 1e9,
-                ms[1] / ms[0]);
-  }
-}
-
 // n distinct cache slots of [0, total), shuffled; and as an I64 tensor.
 std::vector<int64_t> distinct_slots(int64_t n, int64_t total) {
   std::vector<int64_t> slots(total);
