@@ -107,6 +107,9 @@ case ,$STEPS, in *,fairness,*)
     (cd bench && timeout ${FAIR_TIMEOUT:-300} python3 adapter_fairness.py --url http://127.0.0.1:$PORT \
       --adapters $N ${FAIR_ARGS:---rate 2 --hot-factor 10 --duration 20 --procs 8} --json "$FAIR_JSON")
     echo "fairness rc=$?"
+    python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/metrics').read().decode())" \
+      >"$OUT/metrics.txt" 2>&1
+    grep -E "^kestrel_preemptions_total" "$OUT/metrics.txt"
   fi
   kill -INT $SERVER 2>/dev/null; sleep 3; kill -9 $SERVER 2>/dev/null
 esac
