@@ -16,18 +16,20 @@ namespace {
 const std::vector<LoraModule> kAllModules = {LoraModule::kQkv, LoraModule::kDense, LoraModule::kFc1,
                                              LoraModule::kFc2};
 
-// The order in which requests got their first token (index into `requests`), with at most two
-// sequences running at once. Events arrive on the engine's thread in step order, and within a
-// step in admission order.
-std::vector<int> first_token_order(const std::shared_ptr<const FalconModel>& model,
-                                   std::vector<GenerationRequest> requests) {
+// Runs `requests` with at most `max_running` sequences at once and returns, in order, the first
+// event of each request and every request's end: (index, true) at its first token, (index,
+// false) when it ends. Events arrive on the engine's thread in step order, and within a step in
+// admission order.
+std::vector<std::pair<size_t, bool>> first_tokens_and_ends(
+    const std::shared_ptr<const FalconModel>& model, std::vector<GenerationRequest> requests,
+    int64_t max_running) {
   EngineOptions o;
-  o.max_running_seqs = 2;
+  o.max_running_seqs = max_running;
   o.kv_cache_memory = 8 << 20;
   Engine engine(model, nullptr, o);
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<int> order;
+  std::vector<std::pair<size_t, bool>> events;
   std::vector<bool> seen(requests.size(), false);
   size_t finished = 0;
   const size_t n = requests.size();
@@ -35,14 +37,38 @@ std::vector<int> first_token_order(const std::shared_ptr<const FalconModel>& mod
     std::lock_guard<std::mutex> lock(mu);
     if (e.kind == EngineEvent::Kind::kToken && !seen[i]) {
       seen[i] = true;
-      order.push_back(static_cast<int>(i));
+      events.emplace_back(i, true);
     }
-    if (e.kind != EngineEvent::Kind::kToken) ++finished;
+    if (e.kind != EngineEvent::Kind::kToken) {
+      ++finished;
+      events.emplace_back(i, false);
+    }
     cv.notify_all();
   });
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return finished == n; });
+  return events;
+}
+
+// The order in which requests got their first token (index into `requests`), two at once.
+std::vector<int> first_token_order(const std::shared_ptr<const FalconModel>& model,
+                                   std::vector<GenerationRequest> requests) {
+  std::vector<int> order;
+  for (const auto& [i, first] : first_tokens_and_ends(model, std::move(requests), 2))
+    if (first) order.push_back(static_cast<int>(i));
   return order;
+}
+
+// How many requests start before the first one finishes (the first wave of admissions), with
+// `max_running` slots; every request makes the same number of tokens.
+size_t first_wave(const std::shared_ptr<const FalconModel>& model,
+                  std::vector<GenerationRequest> requests, int64_t max_running) {
+  size_t n = 0;
+  for (const auto& [i, first] : first_tokens_and_ends(model, std::move(requests), max_running)) {
+    if (!first) break;
+    ++n;
+  }
+  return n;
 }
 
 GenerationRequest under(std::shared_ptr<const LoraAdapter> adapter, int32_t first_token) {
@@ -104,33 +130,6 @@ TEST(Fairness, TwoBusyAdaptersAlternate) {
     EXPECT_EQ(pair, (std::vector<int>{static_cast<int>(k / 2), static_cast<int>(4 + k / 2)}))
         << "admission " << k;
   }
-}
-
-// How many requests start before the first one finishes (the first wave of admissions), with
-// `max_running` slots; every request makes the same number of tokens.
-size_t first_wave(const std::shared_ptr<const FalconModel>& model,
-                  std::vector<GenerationRequest> requests, int64_t max_running) {
-  EngineOptions o;
-  o.max_running_seqs = max_running;
-  o.kv_cache_memory = 8 << 20;
-  Engine engine(model, nullptr, o);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<bool> seen(requests.size(), false);
-  size_t started_before_finish = 0, finished = 0;
-  const size_t n = requests.size();
-  engine.submit_all(std::move(requests), [&](size_t i, EngineEvent e) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (e.kind == EngineEvent::Kind::kToken && !seen[i]) {
-      seen[i] = true;
-      if (finished == 0) ++started_before_finish;
-    }
-    if (e.kind != EngineEvent::Kind::kToken) ++finished;
-    cv.notify_all();
-  });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return finished == n; });
-  return started_before_finish;
 }
 
 TEST(Fairness, ReserveKeepsSlotsForOtherTenants) {
