@@ -100,12 +100,21 @@ class Server:
         return self.proc.returncode
 
 
-@pytest.fixture(scope="session")
-def server():
-    s = Server("--max-input-length", 256, "--max-total-tokens", 512)
-    yield s
-    rc = s.stop()
-    assert rc == 0, f"kestrel serve exited {rc} on SIGTERM:\n{s.stderr()}"
+def server_fixture(*args, scope="module"):
+    """A fixture: one `kestrel serve` with these arguments for the scope, which must exit 0 on
+    SIGTERM at its end."""
+
+    @pytest.fixture(scope=scope)
+    def fixture():
+        s = Server(*args)
+        yield s
+        rc = s.stop()
+        assert rc == 0, f"kestrel serve exited {rc} on SIGTERM:\n{s.stderr()}"
+
+    return fixture
+
+
+server = server_fixture("--max-input-length", 256, "--max-total-tokens", 512, scope="session")
 
 
 @pytest.fixture(scope="session")

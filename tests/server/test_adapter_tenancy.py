@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, server_fixture
 
 ADAPTERS = ROOT / "tests" / "data" / "merge-falcon7b" / "adapters"
 KEY = "tenancy-key"
@@ -19,13 +19,9 @@ PROMPT = "The falcon is a bird of prey that"
 N = 8
 
 
-@pytest.fixture(scope="module")
-def tenancy_server():
-    s = Server("--adapters-dir", ADAPTERS, "--api-key", KEY, "--max-requests-per-adapter", 2,
-               "--max-input-length", 256, "--max-total-tokens", 2048)
-    yield s
-    rc = s.stop()
-    assert rc == 0, f"kestrel serve exited {rc} on SIGTERM:\n{s.stderr()}"
+tenancy_server = server_fixture("--adapters-dir", ADAPTERS, "--api-key", KEY,
+                                "--max-requests-per-adapter", 2, "--max-input-length", 256,
+                                "--max-total-tokens", 2048)
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,15 @@ load on it.
 import pytest
 import requests
 
-from conftest import MODEL, ROOT, Server
+from conftest import ROOT, server_fixture
 
 ADAPTERS = ROOT / "tests" / "data" / "merge-falcon7b" / "adapters"
 PROMPT = "The falcon is a bird of prey that"
 N = 8
 
 
-@pytest.fixture(scope="module")
-def merge_server():
-    s = Server("--adapters-dir", ADAPTERS, "--max-input-length", 256, "--max-total-tokens", 512)
-    yield s
-    rc = s.stop()
-    assert rc == 0, f"kestrel serve exited {rc} on SIGTERM:\n{s.stderr()}"
+merge_server = server_fixture("--adapters-dir", ADAPTERS, "--max-input-length", 256,
+                              "--max-total-tokens", 512)
 
 
 @pytest.fixture(scope="module")

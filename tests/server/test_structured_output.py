@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 import requests
 
-from conftest import Server
+from conftest import server_fixture
 
 MODEL_ID = "e2e-falcon7b-fullvocab"
 PROMPT = "Reply in JSON:"
@@ -25,13 +25,8 @@ MAX_NEW = 384
 THREADS = 16
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Server("--max-input-length", 64, "--max-total-tokens", 512,
-               "--max-concurrent-requests", 256)
-    yield s
-    rc = s.stop()
-    assert rc == 0, f"kestrel serve exited {rc} on SIGTERM:\n{s.stderr()}"
+server = server_fixture("--max-input-length", 64, "--max-total-tokens", 512,
+                        "--max-concurrent-requests", 256)
 
 
 @pytest.fixture(scope="module")
