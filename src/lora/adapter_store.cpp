@@ -34,6 +34,7 @@ namespace fs = std::filesystem;
 
 constexpr double kMiB = 1048576.0;
 constexpr size_t kMaxIdBytes = 256;
+constexpr size_t kMaxNames = 4096;  // registered adapter names (POST /v1/load_lora_adapter)
 // Loads past their timeout whose threads have not returned yet: beyond this many, new loads wait
 // for them rather than pile up threads on a storage that does not answer.
 constexpr int kMaxStuckLoads = 8;
@@ -652,6 +653,11 @@ void AdapterStore::load_named(const std::string& name, const std::string& path,
     if (it != impl_->aliases.end()) {
       std::vector<std::shared_ptr<const LoraAdapter>> dropped;
       impl_->forget(name, dropped);
+    } else if (impl_->aliases.size() >= kMaxNames) {
+      throw ValidationError(
+          "lora_name",
+          detail::concat("the server holds ", kMaxNames, " adapter names; unload one first"),
+          ErrorKind::kOverloaded);
     }
     // The name resolves from now on: requests for it join this load.
     impl_->aliases[name] = {where.folder, where.root};

@@ -110,7 +110,8 @@ class AdapterStore {
   // name answers requests from the moment this returns (they join the load); a load that fails
   // unregisters it. A name already registered fails with kConflict unless `replace`, which
   // unloads the old one first. Names are printable, at most 256 bytes, and do not start with '/'
-  // or "merge:" (kInvalidArgument naming lora_name).
+  // or "merge:" (kInvalidArgument naming lora_name); at most 4096 are registered at once
+  // (kOverloaded past that).
   void load_named(const std::string& name, const std::string& path, AdapterSource source,
                   bool replace, Callback done);
   // POST /v1/unload_lora_adapter: forgets `name` (a registered name, a preloaded one, or an
