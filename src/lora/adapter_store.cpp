@@ -223,6 +223,40 @@ struct AdapterStore::Impl {
     return true;
   }
 
+  // The adapter loaded under `key` (a folder, or a merge's name) to `done` at once, or `done`
+  // queued on its load, started here when none runs (`job`; empty: a load of the folder).
+  void get_or_load(const std::string& key, const std::string& name, const std::string& root,
+                   Job job, Callback done) {
+    std::shared_ptr<const LoraAdapter> ad;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!stopping) {
+        if (auto it = find_folder(key); it != lru.end()) {
+          lru.splice(lru.begin(), lru, it);  // LRU touch
+          ad = it->adapter;
+        } else {
+          auto [p, fresh] = pending.try_emplace(key);
+          if (fresh) {
+            p->second.name = name;
+            p->second.root = root;
+            p->second.job = std::move(job);
+            queue.push_back(key);
+          }
+          p->second.waiters.push_back(std::move(done));
+          cv.notify_one();
+          return;
+        }
+      }
+    }
+    if (!ad) {
+      const AdapterError shutdown{ErrorKind::kUnavailable, "server shutting down",
+                                  "server shutting down"};
+      call(done, nullptr, &shutdown);
+      return;
+    }
+    call(done, std::move(ad), nullptr);
+  }
+
   // Room for one more adapter by count (under mu): "" or why not.
   std::string make_room_for_one(const AdapterStoreOptions& o,
                                 std::vector<std::shared_ptr<const LoraAdapter>>& dropped) {
@@ -568,33 +602,7 @@ void AdapterStore::get(const std::string& id, AdapterSource source, Callback don
 }
 
 void AdapterStore::get_resolved(const Resolved& where, Callback done) {
-  std::shared_ptr<const LoraAdapter> ad;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->stopping) {
-      ad = nullptr;
-    } else if (auto it = impl_->find_folder(where.folder); it != impl_->lru.end()) {
-      impl_->lru.splice(impl_->lru.begin(), impl_->lru, it);  // LRU touch
-      ad = it->adapter;
-    } else {
-      auto [p, fresh] = impl_->pending.try_emplace(where.folder);
-      if (fresh) {
-        p->second.name = where.name;
-        p->second.root = where.root;
-        impl_->queue.push_back(where.folder);
-      }
-      p->second.waiters.push_back(std::move(done));
-      impl_->cv.notify_one();
-      return;
-    }
-  }
-  if (!ad) {
-    const AdapterError shutdown{ErrorKind::kUnavailable, "server shutting down",
-                                "server shutting down"};
-    Impl::call(done, nullptr, &shutdown);
-    return;
-  }
-  Impl::call(done, std::move(ad), nullptr);
+  impl_->get_or_load(where.folder, where.name, where.root, nullptr, std::move(done));
 }
 
 std::shared_ptr<const LoraAdapter> AdapterStore::get_sync(const std::string& id,
@@ -766,58 +774,33 @@ void AdapterStore::get_merged(const MergeSpec& spec, AdapterSource source, Callb
     Impl::call(done, nullptr, &failure);
     return;
   }
-  std::shared_ptr<const LoraAdapter> ad;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->stopping) {
-      ad = nullptr;
-    } else if (auto it = impl_->find_folder(name); it != impl_->lru.end()) {
-      impl_->lru.splice(impl_->lru.begin(), impl_->lru, it);  // LRU touch
-      ad = it->adapter;
-    } else {
-      auto [p, fresh] = impl_->pending.try_emplace(name);
-      if (fresh) {
-        p->second.name = name;
-        // Every input folder read onto the host again (checked like a load of it), merged, put on
-        // the device. The spec keeps the request's ids: the messages name them as the client did.
-        p->second.job = [hooks, inputs, spec, name]() -> std::shared_ptr<const LoraAdapter> {
-          // One read per folder: an id given twice (or two spellings of it) shares it.
-          std::map<std::string, HostLoraAdapter> host;
-          std::vector<const HostLoraAdapter*> ptrs;
-          for (size_t i = 0; i < inputs.size(); ++i) {
-            try {
-              auto it = host.find(inputs[i].folder);
-              if (it == host.end()) {
-                check_files(inputs[i].folder, inputs[i].root);
-                it = host.emplace(inputs[i].folder, hooks->read_host(inputs[i].folder)).first;
-              }
-              ptrs.push_back(&it->second);
-            } catch (const std::exception& e) {
-              spdlog::warn("adapter store: {}: adapter '{}' ({}): {}", name, spec.ids[i],
-                           inputs[i].folder, e.what());
-              throw ValidationError("merged_adapters.ids",
-                                    "`merged_adapters.ids`: adapter '" + spec.ids[i] +
-                                        "' could not be loaded: it is not a LoRA adapter this "
-                                        "model can use (the server log has the reason)");
-            }
-          }
-          const MergedLora merged = merge_adapters(spec, ptrs);
-          return hooks->upload(merged, name);
-        };
-        impl_->queue.push_back(name);
+  // Every input folder read onto the host again (checked like a load of it), merged, put on the
+  // device. The spec keeps the request's ids: the messages name them as the client did.
+  Impl::Job job = [hooks, inputs, spec, name]() -> std::shared_ptr<const LoraAdapter> {
+    // One read per folder: an id given twice (or two spellings of it) shares it.
+    std::map<std::string, HostLoraAdapter> host;
+    std::vector<const HostLoraAdapter*> ptrs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      try {
+        auto it = host.find(inputs[i].folder);
+        if (it == host.end()) {
+          check_files(inputs[i].folder, inputs[i].root);
+          it = host.emplace(inputs[i].folder, hooks->read_host(inputs[i].folder)).first;
+        }
+        ptrs.push_back(&it->second);
+      } catch (const std::exception& e) {
+        spdlog::warn("adapter store: {}: adapter '{}' ({}): {}", name, spec.ids[i],
+                     inputs[i].folder, e.what());
+        throw ValidationError("merged_adapters.ids",
+                              "`merged_adapters.ids`: adapter '" + spec.ids[i] +
+                                  "' could not be loaded: it is not a LoRA adapter this model "
+                                  "can use (the server log has the reason)");
       }
-      p->second.waiters.push_back(std::move(done));
-      impl_->cv.notify_one();
-      return;
     }
-  }
-  if (!ad) {
-    const AdapterError shutdown{ErrorKind::kUnavailable, "server shutting down",
-                                "server shutting down"};
-    Impl::call(done, nullptr, &shutdown);
-    return;
-  }
-  Impl::call(done, std::move(ad), nullptr);
+    const MergedLora merged = merge_adapters(spec, ptrs);
+    return hooks->upload(merged, name);
+  };
+  impl_->get_or_load(name, name, "", std::move(job), std::move(done));
 }
 
 std::shared_ptr<const LoraAdapter> AdapterStore::get_merged_sync(const MergeSpec& spec,

@@ -89,5 +89,4 @@ std::vector<ops::SampleResult> sample_on_device(const Tensor& logits,
                                                 std::vector<uint8_t>* masks);
 size_t sampling_workspace_bytes(int64_t n_rows, int64_t vocab);
 
-
 }  // namespace kestrel::cuda
