@@ -54,6 +54,9 @@ struct Sequence {
   std::shared_ptr<grammar::Pending> grammar_pending;
   std::shared_ptr<grammar::Matcher> matcher;
   bool forked = false;  // the best_of candidates were created
+  // Gave its slot up to a tenant below its share (fair preemption): it waits again like a new
+  // request, not ahead of the queue as a sequence preempted for blocks does.
+  bool yielded = false;
 
   // Prompt logprobs asked for and not all computed yet.
   bool wants_prompt_logprobs() const {

@@ -123,7 +123,7 @@ uint64_t Engine::Impl::adapter_key(const Sequence& s) {
 // With one adapter: FIFO over every slot. waiting.end(): admit nothing now.
 std::deque<std::shared_ptr<Sequence>>::iterator Engine::Impl::pick_waiting(
     const std::unordered_map<uint64_t, int64_t>& per_adapter) {
-  if (waiting.front()->started) return waiting.begin();
+  if (waiting.front()->started && !waiting.front()->yielded) return waiting.begin();
   auto best = waiting.begin();
   int64_t best_running = std::numeric_limits<int64_t>::max();
   std::unordered_set<uint64_t> seen;
@@ -188,6 +188,7 @@ void Engine::Impl::preempt_for_fairness() {
     const std::shared_ptr<Sequence> v = *victim;
     running.erase(victim);
     free_blocks(*v);
+    v->yielded = true;
     waiting.push_back(v);
     ++stats.preemptions;
     --per[heavy];
@@ -254,6 +255,7 @@ std::vector<StepWork> Engine::Impl::schedule() {
       stats.prefix_cache_hit_tokens += hit;
     }
     waiting.erase(pick);
+    s->yielded = false;
     ++per_adapter[adapter_key(*s)];
     s->admitted_order = admit_counter++;
     if (!s->started) {
