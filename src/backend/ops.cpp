@@ -1,8 +1,6 @@
 // Input checks and device dispatch for every op, in one place.
 #include "backend/ops.h"
 
-#include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/cpu_ops.h"
@@ -13,14 +11,6 @@
 
 namespace kestrel::ops {
 namespace {
-
-// The first index of the largest of p[0, n) (argmax_rows and greedy_rows on the CPU).
-int64_t row_argmax(const float* p, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (p[i] > p[best]) best = i;
-  return best;
-}
 
 // Calls cpu::NAME or cuda::NAME for the device of `dev_tensor`.
 #ifdef KESTREL_CUDA
@@ -51,15 +41,6 @@ void expect(const char* op, const char* what, const Tensor& t, DType dtype, int 
                 ", expected ", dtype_name(dtype));
   KESTREL_CHECK(t.ndim() == ndim, op, ": ", what, " has shape ", shape_str(t.shape()),
                 ", expected ", ndim, " dims");
-}
-
-// Uniform in [0, 1) from (seed, i); the CUDA kernel computes the same function.
-float hash_uniform(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
 
 // Activations are F32 on the CPU and BF16 on CUDA.
@@ -196,19 +177,7 @@ Tensor random_uniform(const Shape& shape, DType dtype, Device device, uint64_t s
   if (device == Device::kCuda) return cuda::random_uniform(shape, dtype, seed, amp, constant);
 #endif
   KESTREL_CHECK(device == Device::kCpu, "random_uniform: built without CUDA");
-  Tensor out = Tensor::empty(dtype, shape);
-  const int64_t n = out.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v =
-        amp > 0 ? amp * (2.0f * hash_uniform(seed, static_cast<uint64_t>(i)) - 1.0f) : constant;
-    if (dtype == DType::kF32) {
-      out.data<float>()[i] = v;
-    } else {
-      out.data<uint16_t>()[i] = f32_to_bf16(v);
-    }
-  }
-  return out;
+  return cpu::random_uniform(shape, dtype, seed, amp, constant);
 }
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
@@ -484,18 +453,7 @@ void argmax_rows(const Tensor& logits, Tensor& out) {
   KESTREL_CHECK(out.dim(0) == logits.dim(0) && logits.dim(1) > 0, "argmax_rows: logits ",
                 shape_str(logits.shape()), ", out ", shape_str(out.shape()));
   same_device("argmax_rows", logits, out);
-#ifdef KESTREL_CUDA
-  if (logits.device() == Device::kCuda) {
-    cuda::argmax_rows(logits, out);
-    return;
-  }
-#endif
-  KESTREL_CHECK(logits.device() == Device::kCpu, "argmax_rows: built without CUDA");
-  const int64_t vocab = logits.dim(1);
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    out.data<int32_t>()[r] =
-        static_cast<int32_t>(row_argmax(logits.data<float>() + r * vocab, vocab));
-  }
+  KESTREL_DISPATCH(logits, argmax_rows, logits, out);
 }
 
 void apply_token_bitmask(Tensor& logits, const std::vector<int32_t>& rows,
@@ -523,23 +481,7 @@ void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
       ", logprobs ", shape_str(logprobs.shape()));
   same_device("greedy_rows", logits, ids);
   same_device("greedy_rows", logits, logprobs);
-#ifdef KESTREL_CUDA
-  if (logits.device() == Device::kCuda) {
-    cuda::greedy_rows(logits, ids, logprobs);
-    return;
-  }
-#endif
-  KESTREL_CHECK(logits.device() == Device::kCpu, "greedy_rows: built without CUDA");
-  const int64_t vocab = logits.dim(1);
-  for (int64_t r = 0; r < logits.dim(0); ++r) {
-    const float* p = logits.data<float>() + r * vocab;
-    const int64_t best = row_argmax(p, vocab);
-    double sum = 0.0;
-    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(p[i] - p[best]));
-    ids.data<int32_t>()[r] = static_cast<int32_t>(best);
-    // The top token's probability is 1 / sum.
-    logprobs.data<float>()[r] = static_cast<float>(std::max(-std::log(sum), std::log(1e-38)));
-  }
+  KESTREL_DISPATCH(logits, greedy_rows, logits, ids, logprobs);
 }
 
 std::string device_name(Device device) {

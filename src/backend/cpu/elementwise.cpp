@@ -1,4 +1,6 @@
-// CPU embedding lookup, exact GELU, adds and row gathers.
+// CPU random fills, embedding lookup, exact GELU, adds, row gathers, argmax and the greedy
+// pick, the token bitmask (the GPU's cuda/elementwise.cu).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -6,6 +8,63 @@
 #include "core/error.h"
 
 namespace kestrel::cpu {
+namespace {
+
+// Uniform in [0, 1) from (seed, i); the CUDA kernel computes the same function.
+float hash_uniform(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+// The first index of the largest of p[0, n).
+int64_t row_argmax(const float* p, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (p[i] > p[best]) best = i;
+  return best;
+}
+
+}  // namespace
+
+Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp, float constant) {
+  Tensor out = Tensor::empty(dtype, shape);
+  const int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v =
+        amp > 0 ? amp * (2.0f * hash_uniform(seed, static_cast<uint64_t>(i)) - 1.0f) : constant;
+    if (dtype == DType::kF32) {
+      out.data<float>()[i] = v;
+    } else {
+      out.data<uint16_t>()[i] = f32_to_bf16(v);
+    }
+  }
+  return out;
+}
+
+void argmax_rows(const Tensor& logits, Tensor& out) {
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    out.data<int32_t>()[r] =
+        static_cast<int32_t>(row_argmax(logits.data<float>() + r * vocab, vocab));
+  }
+}
+
+void greedy_rows(const Tensor& logits, Tensor& ids, Tensor& logprobs) {
+  const int64_t vocab = logits.dim(1);
+  for (int64_t r = 0; r < logits.dim(0); ++r) {
+    const float* p = logits.data<float>() + r * vocab;
+    const int64_t best = row_argmax(p, vocab);
+    double sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(p[i] - p[best]));
+    ids.data<int32_t>()[r] = static_cast<int32_t>(best);
+    // The top token's probability is 1 / sum.
+    logprobs.data<float>()[r] = static_cast<float>(std::max(-std::log(sum), std::log(1e-38)));
+  }
+}
 
 void embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
   const int64_t n_tokens = ids.dim(0), vocab = table.dim(0), hidden = table.dim(1);

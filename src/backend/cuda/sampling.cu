@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/block_reduce.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/pdl.cuh"
 
@@ -22,29 +23,6 @@ size_t align_up(size_t n) {
   return (n + 255) / 256 * 256;
 }
 
-template <typename T>
-__device__ T block_reduce_sum(T v, T* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : T(0);
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ float block_reduce_max(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : -FLT_MAX;
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // One block per row: x = penalised (and, when sampling, temperature-scaled)
 // logits; probs = softmax(x) (fp32 exp, fp64 sum, as the host); ids = iota for
 // the sort. Greedy rows also get their argmax of x here.
@@ -54,10 +32,6 @@ __global__ void __launch_bounds__(kThreads)
                           const int32_t* gen_ids, const int32_t* gen_counts, float* x, float* probs,
                           int32_t* iota, int32_t* out_ids) {
   pdl_enter();
-  __shared__ float fscratch[32];
-  __shared__ double dscratch[32];
-  __shared__ int32_t best_i[32];
-  __shared__ float best_v[32];
   const int64_t r = blockIdx.x;
   const SampleRowParams p = params[r];
   const float* in = logits + r * vocab;
@@ -83,17 +57,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   const bool scale = p.do_sample && p.temperature != 1.0f;
   float m = -FLT_MAX, bv = -FLT_MAX;
-  int32_t bi = 0x7fffffff;
+  int32_t bi = kNoIndex;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     float v = xr[i];
     if (scale) xr[i] = v = v / p.temperature;
     m = fmaxf(m, v);
     if (v > bv) bv = v, bi = static_cast<int32_t>(i);
   }
-  m = block_reduce_max(m, fscratch);
+  m = block_max<kThreads>(m);
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(xr[i] - m);
-  sum = block_reduce_sum(sum, dscratch);
+  sum = block_sum<kThreads>(sum);
   float* pr = probs + r * vocab;
   int32_t* ir = iota + r * vocab;
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
@@ -101,25 +75,8 @@ __global__ void __launch_bounds__(kThreads)
     ir[i] = static_cast<int32_t>(i);
   }
   if (!p.do_sample) {
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) best_v[warp] = bv, best_i[warp] = bi;
-    __syncthreads();
-    if (warp == 0) {
-      bv = lane < static_cast<int>(blockDim.x / 32) ? best_v[lane] : -FLT_MAX;
-      bi = lane < static_cast<int>(blockDim.x / 32) ? best_i[lane] : 0x7fffffff;
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-      }
-      if (lane == 0) out_ids[r] = bi == 0x7fffffff ? 0 : bi;
-    }
+    const ArgMaxPair best = block_argmax<kThreads>(bv, bi);
+    if (threadIdx.x == 0) out_ids[r] = best.key == kNoIndex ? 0 : best.key;
   }
 }
 
@@ -130,7 +87,6 @@ __global__ void __launch_bounds__(kThreads)
     sample_typical_kernel(const float* sorted_p, int64_t vocab, const int32_t* cut_m,
                           const double* cut_s, double* dev_keys, int32_t* ranks) {
   pdl_enter();
-  __shared__ double scratch[32];
   const int64_t r = blockIdx.x;
   const float* sp = sorted_p + r * vocab;
   const int64_t m = cut_m[r];
@@ -140,7 +96,7 @@ __global__ void __launch_bounds__(kThreads)
     const double q = sp[i] / s;
     if (q > 0) h -= q * log(q);
   }
-  h = block_reduce_sum(h, scratch);
+  h = block_sum<kThreads>(h);
   for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) {
     const double q = i < m ? sp[i] / s : 0.0;
     dev_keys[r * vocab + i] = q > 0 ? fabs(-log(q) - h) : INFINITY;
@@ -178,7 +134,6 @@ __global__ void __launch_bounds__(kThreads)
     sample_cut_kernel(const float* sorted_p, int64_t vocab, const SampleRowParams* params,
                       int32_t* cut_m, double* cut_s) {
   pdl_enter();
-  __shared__ double dscratch[32];
   const int64_t r = blockIdx.x;
   const SampleRowParams p = params[r];
   const float* sp = sorted_p + r * vocab;
@@ -187,11 +142,11 @@ __global__ void __launch_bounds__(kThreads)
     const float kth = sp[p.top_k - 1];
     double c = 0.0;
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) c += sp[i] >= kth ? 1.0 : 0.0;
-    m = static_cast<int64_t>(block_reduce_sum(c, dscratch));
+    m = static_cast<int64_t>(block_sum<kThreads>(c));
   }
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < m; i += blockDim.x) s += sp[i];
-  s = block_reduce_sum(s, dscratch);
+  s = block_sum<kThreads>(s);
   if (p.do_sample && p.top_p < 1.0f) {
     ChunkScan c = chunk_scan(m, [&](int64_t j) { return static_cast<double>(sp[j]); });
     double acc = c.before, kept = 0.0;
@@ -199,10 +154,10 @@ __global__ void __launch_bounds__(kThreads)
       if (j == 0 || acc / s < p.top_p) kept += 1.0;
       acc += sp[j];
     }
-    m = static_cast<int64_t>(block_reduce_sum(kept, dscratch));
+    m = static_cast<int64_t>(block_sum<kThreads>(kept));
     double s2 = 0.0;
     for (int64_t i = threadIdx.x; i < m; i += blockDim.x) s2 += sp[i];
-    s = block_reduce_sum(s2, dscratch);
+    s = block_sum<kThreads>(s2);
   }
   if (threadIdx.x == 0) {
     cut_m[r] = static_cast<int32_t>(m);
@@ -220,7 +175,6 @@ __global__ void __launch_bounds__(kThreads)
                        uint8_t* keep, int32_t* out_ids, float* out_logprobs, int32_t* alt_ids,
                        float* alt_logprobs, int32_t max_top_n) {
   pdl_enter();
-  __shared__ double dscratch[32];
   __shared__ int32_t pick;
   const int64_t r = blockIdx.x;
   const SampleRowParams p = params[r];
@@ -261,7 +215,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     double total = 0.0;
     for (int64_t i = threadIdx.x; i < vocab; i += blockDim.x) total += kr[i] ? pr[i] : 0.0f;
-    total = block_reduce_sum(total, dscratch);
+    total = block_sum<kThreads>(total);
     const double target = p.u * total;
     if (threadIdx.x == 0) pick = 0x7fffffff;
     __syncthreads();
