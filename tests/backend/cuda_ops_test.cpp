@@ -79,7 +79,18 @@ TEST(CudaOps, Embedding) {
 
 TEST(CudaOps, LayerNorm) {
   REQUIRE_GPU();
-  for (auto [n, hidden] : {std::pair{5, 4544}, {300, 64}, {1, 8192}, {7, 100}}) {
+  // Every block size LayerNorm launches (32 to 1024 threads, the vectorised and the generic
+  // kernel).
+  for (auto [n, hidden] : {std::pair{5, 4544},
+                           {300, 64},
+                           {1, 8192},
+                           {7, 100},
+                           {4, 2048},
+                           {3, 14848},
+                           {2, 20000},
+                           {3, 1001},
+                           {2, 2003},
+                           {2, 40000}}) {
     Tensor x = random_host({n, hidden}, -2.0f, 3.0f);
     Tensor w = random_host({hidden}), b = random_host({hidden});
     Tensor ref = Tensor::empty(DType::kF32, {n, hidden});
@@ -185,6 +196,13 @@ TEST(CudaOps, GatherRowsAndArgmax) {
     logits.data<float>()[3 * vocab + vocab - 1] = 100.0f;  // a maximum at the end
     logits.data<float>()[4 * vocab + 1] = 100.0f;          // ties: the first wins
     logits.data<float>()[4 * vocab + 2] = 100.0f;
+    // Ties held by different threads and warps of the block: the lowest index wins.
+    for (int64_t i : {int64_t{6}, int64_t{5}, int64_t{2}})
+      if (i < vocab) logits.data<float>()[5 * vocab + i] = 100.0f;
+    for (int64_t i : {int64_t{16000}, int64_t{160}, int64_t{20}})
+      if (i < vocab) logits.data<float>()[6 * vocab + i] = 100.0f;
+    for (int64_t i : {int64_t{64000}, int64_t{4100}})
+      if (i < vocab) logits.data<float>()[7 * vocab + i] = 100.0f;
     Tensor want = Tensor::empty(DType::kI32, {9});
     ops::argmax_rows(logits, want);
     Tensor got = Tensor::empty(DType::kI32, {9}, Device::kCuda);
@@ -209,6 +227,10 @@ TEST(CudaOps, GreedyRowsMatchCpu) {
     if (n > 2) {
       logits.data<float>()[2 * vocab + 1] = 9.0f;  // row 2: a tie, the first wins
       logits.data<float>()[2 * vocab + 3] = 9.0f;
+      if (vocab > 5000) {  // row 1: a tie across warps of the block
+        logits.data<float>()[vocab + 5000] = 9.0f;
+        logits.data<float>()[vocab + 40] = 9.0f;
+      }
     }
     Tensor want_ids = Tensor::empty(DType::kI32, {n});
     Tensor want_lp = Tensor::empty(DType::kF32, {n});
@@ -234,6 +256,7 @@ TEST(CudaOps, GreedyRowsMatchCpu) {
     }
     if (n > 2) {
       EXPECT_EQ(ids_h.data<int32_t>()[2], 1);
+      if (vocab > 5000) EXPECT_EQ(ids_h.data<int32_t>()[1], 40);
     }
     EXPECT_EQ(ids_h.data<int32_t>()[0], vocab - 1);
   }

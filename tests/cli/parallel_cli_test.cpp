@@ -79,7 +79,7 @@ TEST_F(ParallelCli, ProcessesEqualThreadsBitForBit) {
     const std::string procs_out = (dir_ / ("procs" + std::to_string(n))).string();
     std::string cmd;  // ranks 1..n-1 in the background, rank 0 in front, then wait for all
     for (int r = n - 1; r >= 0; --r) {
-      cmd += std::string(KESTREL_BINARY) + " " + base + " --out " + procs_out + " --nnodes " +
+      cmd += test::kestrel_binary() + " " + base + " --out " + procs_out + " --nnodes " +
              std::to_string(n) + " --node-rank " + std::to_string(r) + " --master-port " +
              std::to_string(port) + (r > 0 ? " >/dev/null 2>&1 & " : " 2>&1; wait");
     }

@@ -1,10 +1,12 @@
-// Runs the built kestrel binary (KESTREL_BINARY) for the CLI tests.
+// Runs the built kestrel binary for the CLI tests: $KESTREL_BINARY when set (the tests
+// copied to another machine), else the one this build made (compiled in).
 #pragma once
 
 #include <sys/wait.h>
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace kestrel::test {
@@ -14,9 +16,13 @@ struct CmdResult {
   std::string out;  // stdout, and stderr too with with_stderr
 };
 
+inline std::string kestrel_binary() {
+  const char* env = std::getenv("KESTREL_BINARY");
+  return env && *env ? std::string(env) : std::string(KESTREL_BINARY);
+}
+
 inline CmdResult run_kestrel(const std::string& args, bool with_stderr) {
-  const std::string cmd =
-      std::string(KESTREL_BINARY) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  const std::string cmd = kestrel_binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
   CmdResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;

@@ -55,8 +55,8 @@ TEST(ServeAdapterCli, PreloadsThenServesAndStops) {
   const std::string out = (dir / "out").string();  // stdout and stderr, in order
   // Start, wait for the listening line, SIGTERM, report the exit status.
   const std::string script =
-      std::string(KESTREL_BINARY) + " " + serve("--adapter e1=" + good + " --adapter-memory 1") +
-      " >" + out + " 2>&1 & p=$!; for i in $(seq 300); do grep -q 'kestrel " + "serving' " + out +
+      test::kestrel_binary() + " " + serve("--adapter e1=" + good + " --adapter-memory 1") + " >" +
+      out + " 2>&1 & p=$!; for i in $(seq 300); do grep -q 'kestrel " + "serving' " + out +
       " && break; sleep 0.1; done; kill -TERM $p; " + "wait $p; echo $?";
   FILE* p = popen(script.c_str(), "r");  // sh -c
   ASSERT_NE(p, nullptr);
