@@ -1,8 +1,8 @@
 // The CUDA backend's tuning: the choices between kernels and launch modes that measurements
-// settled (docs/gpu.md says why, docs/benchmarks.md gives the figures). Read once, at first use, from the
-// KESTREL_* variable named beside each field (for benchmarks that compare the alternatives; no
-// user needs them, so none is a CLI flag), or set by tests through set_tuning(). Launchers read
-// tuning() and nothing else.
+// settled (docs/gpu.md says why, docs/benchmarks.md gives the figures). Read once, at first use,
+// from the KESTREL_* variable named beside each field (for benchmarks that compare the
+// alternatives; no user needs them, so none is a CLI flag), or set by tests through set_tuning().
+// Launchers read tuning() and nothing else.
 #pragma once
 
 #include <cstdint>
