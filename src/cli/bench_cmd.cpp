@@ -14,6 +14,7 @@
 
 #include "backend/ops.h"
 #include "cli/bench_engine.h"
+#include "cli/bench_roofline.h"
 #include "cli/commands.h"
 #include "cli/parallel_arg.h"
 #include "cli/presets.h"
@@ -27,9 +28,6 @@
 
 namespace kestrel::cli {
 namespace {
-
-constexpr double kPeakBandwidth = 4.3e12;  // H200, measured device copy (bytes/s)
-constexpr double kPeakFlops = 790e12;      // H200, bf16 GEMM on random data
 
 struct BenchArgs {
   std::string device = "cuda";
@@ -49,6 +47,7 @@ struct BenchArgs {
   int64_t lora_rank = 16;
   std::string lora_modules = "all";
   std::string cuda_graphs = "on";  // on, off, or both (each decode shape without, then with)
+  bool roofline = true;            // measure the card's copy bandwidth and GEMM rate first
   EngineBenchArgs engine;
 };
 
@@ -207,6 +206,15 @@ void run_bench(const BenchArgs& a) {
   if (a.parallel.nnodes > 1 && a.parallel.node_rank != 0)
     KESTREL_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr, "cannot silence rank ",
                   a.parallel.node_rank);
+  // Before the weights take the card's memory; what it allocates is freed again.
+  const Roofline roof = a.roofline ? measure_roofline(dev) : Roofline{};
+  // " (N% of what)" when the limit was measured, else nothing.
+  auto share = [](double v, double limit, const char* what) {
+    if (limit <= 0) return std::string();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " (%.0f%% of %s)", 100.0 * v / limit, what);
+    return std::string(buf);
+  };
   const double t_load = now_s();
   FalconModel model = [&] {
     if (!a.preset.empty()) {
@@ -238,6 +246,18 @@ void run_bench(const BenchArgs& a) {
 
   std::mt19937 rng(1234);
   nlohmann::json out;
+  if (roof.copy_bytes_s > 0) {
+    out["card"] = {{"copy_tb_s", roof.copy_bytes_s / 1e12},
+                   {"gemm_tflops", roof.gemm_flops_s / 1e12},
+                   {"gemm_n", roof.gemm_n}};
+    if (!a.json)
+      std::printf(
+          "card: device copy %.2f TB/s (read + write), BF16 GEMM %lldx%lldx%lld %.0f TFLOP/s "
+          "(measured now; the percentages below are of these)\n",
+          roof.copy_bytes_s / 1e12, static_cast<long long>(roof.gemm_n),
+          static_cast<long long>(roof.gemm_n), static_cast<long long>(roof.gemm_n),
+          roof.gemm_flops_s / 1e12);
+  }
   out["prefill"] = nlohmann::json::array();
   out["decode"] = nlohmann::json::array();
   const int64_t iters = std::max<int64_t>(1, a.iters);
@@ -264,10 +284,11 @@ void run_bench(const BenchArgs& a) {
                               {"tok_s", tokens / t},
                               {"ms", t * 1e3},
                               {"tflops", flops / t / 1e12}});
+    if (roof.gemm_flops_s > 0) out["prefill"].back()["of_gemm"] = flops / t / roof.gemm_flops_s;
     if (!a.json)
-      std::printf("prefill %4lldx%-5lld %10.0f tok/s  %8.2f ms  %6.1f TFLOP/s (%.0f%% of 790)\n",
+      std::printf("prefill %4lldx%-5lld %10.0f tok/s  %8.2f ms  %6.1f TFLOP/s%s\n",
                   static_cast<long long>(batch), static_cast<long long>(len), tokens / t, t * 1e3,
-                  flops / t / 1e12, 100.0 * flops / t / kPeakFlops);
+                  flops / t / 1e12, share(flops / t, roof.gemm_flops_s, "the GEMM").c_str());
   }
 
   std::vector<int64_t> lora_counts;
@@ -350,6 +371,15 @@ void run_bench(const BenchArgs& a) {
                             {"collective_ms_per_step", comm_ms},
                             {"queued_ms_per_step", queued_s * 1e3},
                             {"cuda_graphs", model.cuda_graphs()}};
+      // The weight-read bound: batch tokens a step, a step no shorter than reading the weights
+      // once at the card's copy rate (the KV cache and activations come on top).
+      const double bound_tok_s =
+          roof.copy_bytes_s > 0 ? batch * roof.copy_bytes_s / costs.weight_bytes : 0.0;
+      if (bound_tok_s > 0) {
+        row["of_copy"] = bytes / step_s / roof.copy_bytes_s;
+        row["weight_bound_tok_s"] = bound_tok_s;
+        row["of_weight_bound"] = tok_s / bound_tok_s;
+      }
       const FalconModel::GraphStats g1 = model.graph_stats();
       const int64_t replays = g1.replays - g0.replays, captures = g1.captures - g0.captures;
       if (model.cuda_graphs()) {
@@ -370,14 +400,14 @@ void run_bench(const BenchArgs& a) {
                           : "decode"]
           .push_back(row);
       if (!a.json && n_adapters == 0)
-        std::printf(
-            "decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s (%.0f%% of 4.3)%s\n",
-            static_cast<long long>(batch), static_cast<long long>(prompt),
-            static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
-            100.0 * bytes / step_s / kPeakBandwidth,
-            !model.cuda_graphs() ? "  (graphs off)"
-            : replays > 0        ? "  (graphs on)"
-                                 : "  (graphs on, none replayed)");
+        std::printf("decode  %4lldx%lldx%-4lld %10.0f tok/s  %8.3f ms/step  %5.2f TB/s%s%s%s\n",
+                    static_cast<long long>(batch), static_cast<long long>(prompt),
+                    static_cast<long long>(gen), tok_s, step_s * 1e3, bytes / step_s / 1e12,
+                    share(bytes / step_s, roof.copy_bytes_s, "copy").c_str(),
+                    share(tok_s, bound_tok_s, "the weight-read bound").c_str(),
+                    !model.cuda_graphs() ? "  (graphs off)"
+                    : replays > 0        ? "  (graphs on)"
+                                         : "  (graphs on, none replayed)");
       if (!a.json && queued_s > 0)
         std::printf("        queued back to back (no read-back): %.3f ms/step, %.0f tok/s\n",
                     queued_s * 1e3, batch / queued_s);
@@ -497,6 +527,8 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
   cmd->add_flag("--json", a.json, "print only the JSON result");
+  cmd->add_flag("!--no-roofline", a.roofline,
+                "skip measuring the card's copy bandwidth and GEMM rate before the model loads");
   cmd->callback([] { run_bench(a); });
 }
 
