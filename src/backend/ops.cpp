@@ -525,6 +525,19 @@ void release_cached_memory(Device device) {
 #endif
 }
 
+#ifdef KESTREL_CUDA
+struct BackgroundDeviceWork::Impl {
+  cuda::SideStream side;
+};
+#else
+struct BackgroundDeviceWork::Impl {};
+#endif
+
+BackgroundDeviceWork::BackgroundDeviceWork(Device device) {
+  if (device == Device::kCuda) impl_ = std::make_unique<Impl>();
+}
+BackgroundDeviceWork::~BackgroundDeviceWork() = default;
+
 std::vector<SampleResult> sample_on_device(const Tensor& logits,
                                            const std::vector<SampleSpec>& rows,
                                            std::vector<uint8_t>* masks) {

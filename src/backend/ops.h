@@ -191,6 +191,22 @@ std::string device_name(Device device);
 void reset_peak_memory(Device device);
 void release_cached_memory(Device device);
 
+// While alive, the device work this thread queues (the copies and uploads of an adapter being
+// loaded) runs on a stream of its own beside the forward passes instead of queueing between
+// them, and it has all ended when the scope does. No GEMMs inside (cuBLASLt's plans belong to
+// the forward passes' stream). Nothing on the CPU.
+class BackgroundDeviceWork {
+ public:
+  explicit BackgroundDeviceWork(Device device);
+  ~BackgroundDeviceWork();
+  BackgroundDeviceWork(const BackgroundDeviceWork&) = delete;
+  BackgroundDeviceWork& operator=(const BackgroundDeviceWork&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // CUDA graphs (docs/gpu.md, "CUDA graphs"): capture_graph runs body once eagerly, then
 // captures the work body queues on the device's stream; replay() runs that work again on the
 // same addresses (update the inputs it reads in place, by copies, before each replay). Device

@@ -222,6 +222,8 @@ std::shared_ptr<const LoraAdapter> FalconModel::load_adapter(const std::string& 
   const int n = tp_.size;
   auto ad = std::make_shared<LoraAdapter>(name, dir, n, c.n_layers);
   const DType dtype = ops::weight_dtype(device_);
+  // Beside the forward passes that other requests keep running meanwhile, not between them.
+  const ops::BackgroundDeviceWork background(device_);
   read_adapter_folder(
       dir, c,
       [&](int64_t l, LoraModule m, const Tensor& ha, const Tensor& hb, float scale, bool f16) {
@@ -259,6 +261,7 @@ std::shared_ptr<const LoraAdapter> FalconModel::adapter_from_merged(const Merged
   const int n = tp_.size;
   auto ad = std::make_shared<LoraAdapter>(name, "", n, c.n_layers);
   const DType dtype = ops::weight_dtype(device_);
+  const ops::BackgroundDeviceWork background(device_);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     for (int i = 0; i < kLoraModules; ++i) {
       const auto m = static_cast<LoraModule>(i);

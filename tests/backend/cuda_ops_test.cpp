@@ -256,7 +256,9 @@ TEST(CudaOps, GreedyRowsMatchCpu) {
     }
     if (n > 2) {
       EXPECT_EQ(ids_h.data<int32_t>()[2], 1);
-      if (vocab > 5000) EXPECT_EQ(ids_h.data<int32_t>()[1], 40);
+      if (vocab > 5000) {
+        EXPECT_EQ(ids_h.data<int32_t>()[1], 40);
+      }
     }
     EXPECT_EQ(ids_h.data<int32_t>()[0], vocab - 1);
   }

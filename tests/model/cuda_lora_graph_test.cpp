@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -222,6 +224,60 @@ TEST_F(CudaLoraGraphTest, Falcon40bGqaAdaptersGraphsMatchEagerAndCpu) {
 // Parallel attention with one LayerNorm (qkv and fc1 read the same x), rank 2 qkv-only.
 TEST_F(CudaLoraGraphTest, Falcon7bMqaAdaptersGraphsMatchEagerAndCpu) {
   run_fixture("lora-falcon7b-mqa", "falcon7b-mqa-parallel", {"b1-r8-all", "b2-r2-qkv"});
+}
+
+// Adapters load beside the forward passes (ops::BackgroundDeviceWork: their copies on a stream of
+// their own): loaded on another thread while passes run, an adapter equals one loaded while the
+// device was idle, and the passes beside the loads give the logits they give alone, bit for bit.
+TEST_F(CudaLoraGraphTest, AdapterLoadedBesideForwardsEqualsOneLoadedIdle) {
+  FalconModel gpu = FalconModel::load(test::fixture_dir("falcon7b-mqa-parallel"), Device::kCuda);
+  gpu.set_cuda_graphs(false);
+  const std::string dir = test::fixture_dir("lora-falcon7b-mqa") + "/adapters/b1-r8-all";
+  const std::shared_ptr<const LoraAdapter> idle = gpu.load_adapter(dir, "idle");
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(gpu.config().vocab_size - 1));
+  std::vector<Seq> seqs(4);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    seqs[i].id = static_cast<int64_t>(i);
+    for (int k = 0; k < 40; ++k) seqs[i].tokens.push_back(tok(rng));
+  }
+  seqs[1].tokens = seqs[0].tokens;  // rows 0 and 1: the same prompt
+  // The four prompts prefilled into a fresh cache; adapters per row (empty: the base model).
+  auto logits = [&](const std::vector<const LoraAdapter*>& adapters) {
+    KvCache cache = gpu.make_kv_cache(4 * kBlocksPerSeq, kBlockSize);
+    std::vector<Seq*> ptrs;
+    for (Seq& q : seqs) ptrs.push_back(&q);
+    ForwardBatch b = make_batch(ptrs);
+    b.adapters = adapters;
+    const Tensor out = gpu.forward(b, cache);
+    return std::vector<float>(out.data<float>(), out.data<float>() + out.numel());
+  };
+  const std::vector<float> alone = logits({});
+
+  std::atomic<bool> passes_done{false};
+  std::atomic<int> loads{0};
+  std::shared_ptr<const LoraAdapter> last;
+  std::thread loader([&] {
+    do {
+      last = gpu.load_adapter(dir, "beside-" + std::to_string(loads.load()));
+      ++loads;
+    } while (!passes_done);
+  });
+  int passes = 0, differing = 0;
+  for (; passes < 200 && (passes < 20 || loads < 3); ++passes) differing += logits({}) != alone;
+  passes_done = true;
+  loader.join();
+  EXPECT_EQ(differing, 0) << "of " << passes << " base passes beside " << loads << " loads";
+  EXPECT_GE(loads.load(), 1);
+
+  const int64_t v = gpu.config().vocab_size;
+  const std::vector<float> both_idle = logits({idle.get(), idle.get(), nullptr, nullptr});
+  const std::vector<float> mixed = logits({idle.get(), last.get(), nullptr, nullptr});
+  EXPECT_TRUE(std::equal(mixed.begin() + v, mixed.begin() + 2 * v, both_idle.begin() + v))
+      << "the adapter loaded beside the passes differs from the one loaded idle";
+  EXPECT_FALSE(std::equal(mixed.begin(), mixed.begin() + v, alone.begin()))
+      << "the adapter changed nothing";
+  std::printf("[ lora beside ] %d base passes beside %d adapter loads\n", passes, loads.load());
 }
 
 // falcon-7b's shapes, 2 layers, random rank-16 adapters on all four modules: 32 sequences with

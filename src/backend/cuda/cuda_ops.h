@@ -16,8 +16,21 @@ namespace kestrel::cuda {
 
 // Number of visible CUDA devices (0 when there is no driver or no GPU; never throws).
 int device_count();
-// Waits for all work queued on kestrel's stream.
+// Waits for all work queued on kestrel's stream (this thread's side stream inside a
+// SideStream scope).
 void synchronize();
+
+// While alive, the work this thread queues (copies, uploads, kernels) runs on a stream of its
+// own instead of kestrel's: each allocation orders it after the work queued on kestrel's
+// stream so far (a reused block may still be read there), each free waits for it, and the
+// destructor waits for all of it (ops::BackgroundDeviceWork).
+class SideStream {
+ public:
+  SideStream();
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+};
 
 // Copies between any two of host and device; shapes must hold the same bytes.
 // Converts BF16 on the device to F32 on the host (or F32 device to BF16 device)

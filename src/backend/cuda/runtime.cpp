@@ -20,10 +20,21 @@
 namespace kestrel::cuda {
 namespace {
 
+cudaStream_t main_stream();
+
+// The stream and event of this thread's SideStream scope (null outside one).
+struct Side {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t main_done = nullptr;  // recorded on the main stream at each allocation
+};
+thread_local Side t_side;
+
 // Sizes round up to 512 bytes below 1 MiB and to 2 MiB above, and a freed
-// block waits in a free list of its rounded size. All work runs on one
+// block waits in a free list of its rounded size. The forward passes run on one
 // stream, so a block freed by the host can be handed out again at once: the
-// stream orders its next use after the last.
+// stream orders its next use after the last. A thread in a SideStream scope
+// orders its work after the main stream's at each allocation and waits for its
+// own before each free (device_alloc, device_free).
 class CachingAllocator {
  public:
   // pool: serve from (and give back to) the graph pool (see GraphPoolScope).
@@ -119,7 +130,7 @@ class CachingAllocator {
                                  : (n + kLarge - 1) / kLarge * kLarge;
   }
   void release_free_locked() {
-    cudaStreamSynchronize(stream());
+    cudaStreamSynchronize(main_stream());
     for (auto& [size, ptrs] : free_) {
       for (void* p : ptrs) {
         cudaFree(p);
@@ -159,9 +170,20 @@ std::recursive_mutex& capture_mutex() {
 }
 
 void* device_alloc(size_t nbytes) {
-  return allocator().alloc(nbytes, t_graph_pool);
+  void* p = allocator().alloc(nbytes, t_graph_pool);
+  if (t_side.stream) {
+    // The block may be one the main stream freed with work still queued on it: the side
+    // stream's use of it waits for that work. Under the capture lock, so that the record
+    // never lands inside a graph being captured.
+    std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
+    CUDA_CHECK(cudaEventRecord(t_side.main_done, main_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(t_side.stream, t_side.main_done, 0));
+  }
+  return p;
 }
 void device_free(void* p) {
+  // The main stream may take the block at once: the side stream's work on it ends first.
+  if (t_side.stream) (void)cudaStreamSynchronize(t_side.stream);
   allocator().free(p);
 }
 
@@ -179,16 +201,27 @@ struct Staging {
   void* device[2] = {nullptr, nullptr};
   cudaEvent_t done[2] = {nullptr, nullptr};
 };
-Staging& staging() {
-  static Staging* s = [] {
-    auto* st = new Staging();
-    for (int i = 0; i < 2; ++i) {
-      CUDA_CHECK(cudaMallocHost(&st->host[i], kStagingBytes));
-      st->device[i] = device_alloc(kStagingBytes);
-      CUDA_CHECK(cudaEventCreateWithFlags(&st->done[i], cudaEventDisableTiming));
-    }
-    return st;
-  }();
+Staging* make_staging() {
+  auto* st = new Staging();
+  for (int i = 0; i < 2; ++i) {
+    CUDA_CHECK(cudaMallocHost(&st->host[i], kStagingBytes));
+    st->device[i] = device_alloc(kStagingBytes);
+    CUDA_CHECK(cudaEventCreateWithFlags(&st->done[i], cudaEventDisableTiming));
+  }
+  return st;
+}
+// The main stream's uploads (under the capture lock) and the side streams' (one at a time,
+// under side_staging_mutex) each have their own pair.
+Staging& main_staging() {
+  static Staging* s = make_staging();
+  return *s;
+}
+std::mutex& side_staging_mutex() {
+  static std::mutex* m = new std::mutex();
+  return *m;
+}
+Staging& side_staging() {
+  static Staging* s = make_staging();
   return *s;
 }
 
@@ -225,7 +258,8 @@ void ensure_device() {
   (void)ok;
 }
 
-cudaStream_t stream() {
+namespace {
+cudaStream_t main_stream() {
   static cudaStream_t s = [] {
     ensure_device();
     cudaStream_t st;
@@ -233,6 +267,30 @@ cudaStream_t stream() {
     return st;
   }();
   return s;
+}
+}  // namespace
+
+cudaStream_t stream() {
+  return t_side.stream ? t_side.stream : main_stream();
+}
+
+SideStream::SideStream() {
+  KESTREL_CHECK(t_side.stream == nullptr, "SideStream: this thread is in one already");
+  ensure_device();
+  CUDA_CHECK(cudaStreamCreateWithFlags(&t_side.stream, cudaStreamNonBlocking));
+  const cudaError_t err = cudaEventCreateWithFlags(&t_side.main_done, cudaEventDisableTiming);
+  if (err != cudaSuccess) {
+    cudaStreamDestroy(t_side.stream);
+    t_side.stream = nullptr;
+    CUDA_CHECK(err);
+  }
+}
+
+SideStream::~SideStream() {
+  (void)cudaStreamSynchronize(t_side.stream);
+  cudaEventDestroy(t_side.main_done);
+  cudaStreamDestroy(t_side.stream);
+  t_side = Side{};
 }
 
 void synchronize() {
@@ -321,7 +379,14 @@ Tensor random_uniform(const Shape& shape, DType dtype, uint64_t seed, float amp,
 }
 
 Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DType dtype) {
-  std::lock_guard<std::recursive_mutex> capture_lock(capture_mutex());
+  // On the main stream, not inside a capture; on a side stream, one upload at a time.
+  const bool side = t_side.stream != nullptr;
+  std::unique_lock<std::recursive_mutex> capture_lock(capture_mutex(), std::defer_lock);
+  std::unique_lock<std::mutex> side_lock(side_staging_mutex(), std::defer_lock);
+  if (side)
+    side_lock.lock();
+  else
+    capture_lock.lock();
   KESTREL_CHECK(dtype == DType::kBF16 || dtype == DType::kF32 ||
                     (dtype == DType::kF8E4M3 && src_dtype == dtype),
                 "upload_weight: the CUDA backend keeps weights in BF16 or F32 (or FP8 as read), "
@@ -333,7 +398,7 @@ Tensor upload_weight(const void* data, DType src_dtype, const Shape& shape, DTyp
   const size_t esize = dtype_size(src_dtype);
   const int64_t per_chunk = static_cast<int64_t>(kStagingBytes / esize);
   cudaStream_t s = stream();
-  Staging& st = staging();
+  Staging& st = side ? side_staging() : main_staging();
   const char* src = static_cast<const char*>(data);
   for (int64_t i0 = 0, c = 0; i0 < n; i0 += per_chunk, ++c) {
     const int64_t cnt = std::min(per_chunk, n - i0);
