@@ -1,5 +1,4 @@
-// Runs the built kestrel binary for the CLI tests: $KESTREL_BINARY when set (the tests
-// copied to another machine), else the one this build made (compiled in).
+// Runs the kestrel binary (test_data.h's kestrel_binary()) for the CLI tests.
 #pragma once
 
 #include <sys/wait.h>
@@ -9,17 +8,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "../test_data.h"
+
 namespace kestrel::test {
 
 struct CmdResult {
   int status = -1;  // exit status, -1 if it did not exit normally
   std::string out;  // stdout, and stderr too with with_stderr
 };
-
-inline std::string kestrel_binary() {
-  const char* env = std::getenv("KESTREL_BINARY");
-  return env && *env ? std::string(env) : std::string(KESTREL_BINARY);
-}
 
 inline CmdResult run_kestrel(const std::string& args, bool with_stderr) {
   const std::string cmd = kestrel_binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");

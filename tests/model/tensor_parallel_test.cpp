@@ -122,7 +122,7 @@ std::string random_model(const std::string& tag, const std::string& args) {
   const std::string dir = (std::filesystem::temp_directory_path() / ("kestrel-tp-" + tag)).string();
   std::filesystem::remove_all(dir);
   const std::string cmd =
-      std::string(KESTREL_BINARY) + " random-model " + args + " --out " + dir + " > /dev/null 2>&1";
+      test::kestrel_binary() + " random-model " + args + " --out " + dir + " > /dev/null 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return dir;
 }

@@ -18,7 +18,7 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(KESTREL_BINARY) + " " + args + " 2>&1";
+  const std::string cmd = test::kestrel_binary() + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
