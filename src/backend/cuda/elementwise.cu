@@ -16,6 +16,12 @@
 namespace kestrel::cuda::kernels {
 namespace {
 
+__global__ void copy_bytes_kernel(const uint4* src, uint4* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    dst[i] = src[i];
+}
+
 __global__ void to_bf16_kernel(const void* src, int kind, __nv_bfloat16* dst, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -235,6 +241,12 @@ void bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t s) {
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   f16_to_f32_kernel<<<grid_for(n, 256), 256, 0, s>>>(reinterpret_cast<const __half*>(src), dst, n);
+}
+
+void copy_bytes(const void* src, void* dst, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  copy_bytes_kernel<<<grid_for(n / 16, 256), 256, 0, s>>>(static_cast<const uint4*>(src),
+                                                          static_cast<uint4*>(dst), n / 16);
 }
 
 void random_uniform(void* dst, bool bf16_out, int64_t n, uint64_t seed, float amp, float constant,

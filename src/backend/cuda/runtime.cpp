@@ -325,6 +325,14 @@ DeviceMemoryInfo device_memory_info() {
 
 void copy_2d(const void* src, size_t src_pitch, void* dst, size_t dst_pitch, size_t width,
              int64_t rows) {
+  // One contiguous block: a copy kernel streams it faster than the copy engine.
+  const size_t n = width * static_cast<size_t>(rows);
+  if (src_pitch == width && dst_pitch == width && n % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    kernels::copy_bytes(src, dst, static_cast<int64_t>(n), stream());
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, static_cast<size_t>(rows),
                                cudaMemcpyDeviceToDevice, stream()));
 }
