@@ -36,6 +36,19 @@ TEST(Copy2d, CudaMatchesCpu) {
   Tensor got = ops::to_host_f32(ddst);
   for (int64_t i = 0; i < want.numel(); ++i)
     ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << i;
+
+  // One contiguous block (pitch = width) goes through the copy kernel when 16-byte aligned
+  // (offset 4: aligned; offset 1 or an odd width: the copy engine).
+  for (auto [offset, width] : {std::pair<int64_t, int64_t>{4, 32}, {1, 32}, {4, 33}}) {
+    Tensor whole = Tensor::zeros(DType::kF32, {1, 200});
+    ops::copy_2d(src, 0, width, whole, offset, width, 5 * 33 / width, width);
+    Tensor dwhole = ops::to_device(Tensor::zeros(DType::kF32, {1, 200}), Device::kCuda);
+    ops::copy_2d(dsrc, 0, width, dwhole, offset, width, 5 * 33 / width, width);
+    const Tensor back = ops::to_host_f32(dwhole);
+    for (int64_t i = 0; i < whole.numel(); ++i)
+      ASSERT_EQ(back.data<float>()[i], whole.data<float>()[i])
+          << offset << "/" << width << ": " << i;
+  }
 }
 
 }  // namespace

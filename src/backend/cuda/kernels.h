@@ -16,9 +16,9 @@ void to_bf16(const void* src, int src_kind, uint16_t* dst, int64_t n, cudaStream
 void bf16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t s);
 void f16_to_f32(const uint16_t* src, float* dst, int64_t n, cudaStream_t s);
 
-// dst [n] (bf16 when bf16_out, else f32) = amp * (2 u - 1) with u = hash(seed, i), or constant.
 // dst[0, n) = src[0, n), 16 bytes a thread at a time (both 16-byte aligned, n % 16 == 0).
 void copy_bytes(const void* src, void* dst, int64_t n, cudaStream_t s);
+// dst [n] (bf16 when bf16_out, else f32) = amp * (2 u - 1) with u = hash(seed, i), or constant.
 void random_uniform(void* dst, bool bf16_out, int64_t n, uint64_t seed, float amp, float constant,
                     cudaStream_t s);
 
