@@ -18,6 +18,7 @@ OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 BIN=${BIN:-build-gpucarry}
 export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
+export KESTREL_BINARY=$PWD/$BIN/kestrel   # for the tests that run it
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader

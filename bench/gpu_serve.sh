@@ -15,6 +15,7 @@ PORT=${PORT:-8080}
 LOAD_ARGS=${LOAD_ARGS:---requests 256 --concurrency 256 --prompt-tokens 128 --new-tokens 128}
 SERVE_ARGS=${SERVE_ARGS:---max-running-seqs 256 --http-threads 4}
 export KESTREL_TEST_DATA=$PWD/tests/data  # the fixtures, wherever the test binaries were built
+export KESTREL_BINARY=$PWD/$BIN/kestrel   # for the tests that run it
 export LD_LIBRARY_PATH=$PWD/.gpulib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
 python3 -c "import aiohttp" 2>/dev/null && echo "aiohttp: yes" || echo "aiohttp: no"
