@@ -1,5 +1,6 @@
 // The Jinja subset's parser (see jinja.h): expression lexer and parser, segmenting, statements.
 #include <cctype>
+#include <initializer_list>
 #include <sstream>
 
 #include "core/error.h"
@@ -115,22 +116,24 @@ class ExprParser {
   }
 
  private:
-  ExprPtr or_expr() {
-    ExprPtr e = and_expr();
-    while (is_name("or")) {
+  // A left-associative chain: next (op next)*, op one of `ops` (keywords when `words`, else
+  // operator tokens), each a binary node.
+  ExprPtr chain(std::initializer_list<const char*> ops, bool words, ExprPtr (ExprParser::*next)()) {
+    ExprPtr e = (this->*next)();
+    for (;;) {
+      const char* hit = nullptr;
+      for (const char* o : ops)
+        if (words ? is_name(o) : is_op(o)) {
+          hit = o;
+          break;
+        }
+      if (!hit) return e;
       ++p_;
-      e = node(Expr::kBinary, "or", {e, and_expr()});
+      e = node(Expr::kBinary, hit, {e, (this->*next)()});
     }
-    return e;
   }
-  ExprPtr and_expr() {
-    ExprPtr e = not_expr();
-    while (is_name("and")) {
-      ++p_;
-      e = node(Expr::kBinary, "and", {e, not_expr()});
-    }
-    return e;
-  }
+  ExprPtr or_expr() { return chain({"or"}, true, &ExprParser::and_expr); }
+  ExprPtr and_expr() { return chain({"and"}, true, &ExprParser::not_expr); }
   ExprPtr not_expr() {
     if (is_name("not")) {
       ++p_;
@@ -179,30 +182,9 @@ class ExprParser {
       return e;
     }
   }
-  ExprPtr concat() {
-    ExprPtr e = add();
-    while (is_op("~")) {
-      ++p_;
-      e = node(Expr::kBinary, "~", {e, add()});
-    }
-    return e;
-  }
-  ExprPtr add() {
-    ExprPtr e = mul();
-    while (is_op("+") || is_op("-")) {
-      std::string o = t_[p_++].text;
-      e = node(Expr::kBinary, o, {e, mul()});
-    }
-    return e;
-  }
-  ExprPtr mul() {
-    ExprPtr e = unary();
-    while (is_op("*") || is_op("/") || is_op("%") || is_op("//")) {
-      std::string o = t_[p_++].text;
-      e = node(Expr::kBinary, o, {e, unary()});
-    }
-    return e;
-  }
+  ExprPtr concat() { return chain({"~"}, false, &ExprParser::add); }
+  ExprPtr add() { return chain({"+", "-"}, false, &ExprParser::mul); }
+  ExprPtr mul() { return chain({"*", "/", "%", "//"}, false, &ExprParser::unary); }
   ExprPtr unary() {
     if (is_op("-")) {
       ++p_;
