@@ -11,11 +11,10 @@
 #include <random>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "backend/ops.h"
 #include "fixture_util.h"
 #include "model/falcon_model.h"
+#include "seq_batch.h"
 
 namespace kestrel {
 namespace {
@@ -23,36 +22,10 @@ namespace {
 constexpr int64_t kBlockSize = 16;
 constexpr int64_t kBlocksPerSeq = 8;  // 128 tokens of room per sequence
 
-struct Seq {
-  int64_t id = 0;
-  std::vector<int32_t> tokens;
-  int64_t computed = 0;
-};
+using test::Seq;
 
 ForwardBatch make_batch(const std::vector<Seq*>& seqs) {
-  ForwardBatch b;
-  b.cu_seqlens.push_back(0);
-  int32_t max_blocks = 1;
-  for (const Seq* s : seqs)
-    max_blocks = std::max<int32_t>(
-        max_blocks, static_cast<int32_t>((s->tokens.size() + kBlockSize - 1) / kBlockSize));
-  b.max_blocks = max_blocks;
-  b.block_tables.assign(seqs.size() * max_blocks, 0);
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const Seq& s = *seqs[i];
-    const int64_t n = static_cast<int64_t>(s.tokens.size());
-    for (int64_t p = s.computed; p < n; ++p) {
-      b.input_ids.push_back(s.tokens[p]);
-      b.positions.push_back(static_cast<int32_t>(p));
-      b.slots.push_back(s.id * kBlocksPerSeq * kBlockSize + p);
-    }
-    b.lm_head_indices.push_back(static_cast<int32_t>(b.input_ids.size()) - 1);
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.input_ids.size()));
-    b.kv_lens.push_back(static_cast<int32_t>(n));
-    for (int32_t k = 0; k < max_blocks; ++k)
-      b.block_tables[i * max_blocks + k] = static_cast<int32_t>(s.id * kBlocksPerSeq + k);
-  }
-  return b;
+  return test::make_batch(seqs, kBlockSize, kBlocksPerSeq);
 }
 
 double rel(const Tensor& got, const Tensor& ref) {
@@ -283,19 +256,7 @@ TEST_F(CudaLoraGraphTest, AdapterLoadedBesideForwardsEqualsOneLoadedIdle) {
 // falcon-7b's shapes, 2 layers, random rank-16 adapters on all four modules: 32 sequences with
 // 32 distinct adapters, then 8, then base rows among them; a rank-32 adapter gets its own graph.
 TEST_F(CudaLoraGraphTest, Falcon7bShapesManyAdaptersGraphsMatchEager) {
-  const nlohmann::json j = {{"model_type", "falcon"},
-                            {"hidden_size", 4544},
-                            {"num_attention_heads", 71},
-                            {"num_hidden_layers", 2},
-                            {"multi_query", true},
-                            {"parallel_attn", true},
-                            {"new_decoder_architecture", false},
-                            {"bias", false},
-                            {"alibi", false},
-                            {"vocab_size", 65024},
-                            {"layer_norm_epsilon", 1e-5}};
-  FalconModel gpu =
-      FalconModel::random(FalconConfig::from_json(j, "falcon-7b, 2 layers"), Device::kCuda, 3);
+  FalconModel gpu = FalconModel::random(test::falcon7b_shapes(2), Device::kCuda, 3);
   const std::vector<LoraModule> all = {LoraModule::kQkv, LoraModule::kDense, LoraModule::kFc1,
                                        LoraModule::kFc2};
   std::vector<Pair> ads;
