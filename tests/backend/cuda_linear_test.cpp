@@ -1,4 +1,5 @@
-// ops::linear on CUDA against the CPU op: the GEMV of 1..8 rows (each variant) and cuBLASLt,
+// ops::linear on CUDA against the CPU op: the GEMV of 1..8 rows (each variant), the skinny
+// tensor-core GEMM of 1..64 rows (each variant) and cuBLASLt,
 // with and without bias, the GELU / accumulate epilogues, bf16 and f32 out, k not a multiple
 // of 8 (cuBLASLt then); fresh random bf16-rounded inputs, outputs poisoned (NaN) or, for
 // accumulate, random. Timing: bench/cuda_ops_bench.cpp.
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -25,15 +27,17 @@ using namespace test;  // NOLINT(google-build-using-namespace): the shared test 
 
 constexpr double kLinearBound = 1e-2;
 
-// The GEMV variant linear uses (-1: its own choice); only the CUDA build has the switch, and
-// the CPU-only build skips these tests before they reach it.
-void set_gemv_mode(int mode) {
+// The GEMV and skinny GEMM variants linear uses (-1: its own choice, 0: cuBLASLt); only the
+// CUDA build has the switches, and the CPU-only build skips these tests before they reach it.
+void set_modes(int gemv, int skinny) {
 #ifdef KESTREL_CUDA
   cuda::Tuning t = cuda::tuning();
-  t.gemv = mode;
+  t.gemv = gemv;
+  t.skinny = skinny;
   cuda::set_tuning(t);
 #else
-  (void)mode;
+  (void)gemv;
+  (void)skinny;
 #endif
 }
 
@@ -43,26 +47,36 @@ struct Case {
   bool addend = false;  // accumulate with a second addend (bf16 out)
 };
 
-// One case through the CUDA linear in the current mode; the normalised error against the CPU.
-double check(const Case& c) {
-  Tensor x = random_host({c.n, c.in}), w = random_host({c.out, c.in}, -0.1f, 0.1f);
-  Tensor b = c.bias ? random_host({c.out}) : Tensor();
+// One case's fresh random inputs (bf16-rounded) and the CPU's result for them.
+struct Prepared {
+  Tensor x, w, b, start, add, ref;
+};
+
+Prepared prepare(const Case& c) {
+  Prepared p;
+  p.x = random_host({c.n, c.in});
+  p.w = random_host({c.out, c.in}, -0.1f, 0.1f);
+  p.b = c.bias ? random_host({c.out}) : Tensor();
   // accumulate: out starts random (bf16-rounded, so both devices start equal); else NaN.
-  Tensor start =
-      c.accumulate ? random_host({c.n, c.out}) : Tensor::empty(DType::kF32, {c.n, c.out});
-  if (!c.accumulate) std::fill(start.data<float>(), start.data<float>() + start.numel(), NAN);
-  Tensor ref = Tensor::empty(DType::kF32, {c.n, c.out});
-  std::copy(start.data<float>(), start.data<float>() + start.numel(), ref.data<float>());
-  Tensor add_host = c.addend ? random_host({c.n, c.out}) : Tensor();
+  p.start = c.accumulate ? random_host({c.n, c.out}) : Tensor::empty(DType::kF32, {c.n, c.out});
+  if (!c.accumulate) std::fill(p.start.data<float>(), p.start.data<float>() + p.start.numel(), NAN);
+  p.ref = Tensor::empty(DType::kF32, {c.n, c.out});
+  std::copy(p.start.data<float>(), p.start.data<float>() + p.start.numel(), p.ref.data<float>());
+  p.add = c.addend ? random_host({c.n, c.out}) : Tensor();
+  ops::linear(p.x, p.w, p.b, p.ref,
+              {.gelu = c.gelu, .accumulate = c.accumulate, .addend = c.addend ? &p.add : nullptr});
+  return p;
+}
+
+// The case through the CUDA linear in the current mode; the normalised error against the CPU.
+double check(const Case& c, const Prepared& p) {
+  Tensor out = to_gpu(p.start, c.f32_out ? DType::kF32 : DType::kBF16);
+  Tensor add_gpu = c.addend ? to_gpu(p.add, DType::kBF16) : Tensor();
   ops::linear(
-      x, w, b, ref,
-      {.gelu = c.gelu, .accumulate = c.accumulate, .addend = c.addend ? &add_host : nullptr});
-  Tensor out = to_gpu(start, c.f32_out ? DType::kF32 : DType::kBF16);
-  Tensor add_gpu = c.addend ? to_gpu(add_host, DType::kBF16) : Tensor();
-  ops::linear(
-      to_gpu(x, DType::kBF16), to_gpu(w, DType::kBF16), c.bias ? to_gpu(b, DType::kBF16) : Tensor(),
-      out, {.gelu = c.gelu, .accumulate = c.accumulate, .addend = c.addend ? &add_gpu : nullptr});
-  return norm_error(ops::to_host_f32(out), ref);
+      to_gpu(p.x, DType::kBF16), to_gpu(p.w, DType::kBF16),
+      c.bias ? to_gpu(p.b, DType::kBF16) : Tensor(), out,
+      {.gelu = c.gelu, .accumulate = c.accumulate, .addend = c.addend ? &add_gpu : nullptr});
+  return norm_error(ops::to_host_f32(out), p.ref);
 }
 
 std::vector<Case> cases() {
@@ -96,21 +110,41 @@ std::vector<Case> cases() {
   v.push_back({128, 18176, 4544, false, false, false, true, true});
   v.push_back({40, 256, 1000, true, false, false, true, true});
   v.push_back({40, 256, 1000, true, false, true, true, true});
+  // The skinny GEMM's row tiles (8 rows of x) and block rows (16, 32 of w): partial tiles of
+  // both, k with a partial last step (k % 32 != 0) and a single chunk, each epilogue.
+  for (int64_t n : {9, 12, 16, 17, 24, 31, 32, 33, 48, 57, 64}) {
+    v.push_back({n, 4544, 4672, n % 2 == 0, false, false, false});
+    v.push_back({n, 1000, 777, true, n % 3 == 0, n % 2 == 1, n % 3 == 2});
+    v.push_back({n, 264, 65, n % 2 == 1, false, n % 2 == 0, n % 3 == 0, n % 3 == 0});
+  }
+  v.push_back({32, 18176, 4544, true, false, false, true, true});  // fc2 + residual, batch 32
+  v.push_back({64, 4544, 18176, true, false, true, false});        // fc1 + GELU, batch 64
+  v.push_back({24, 4544, 65024, false, true, false, false});       // lm_head (f32 logits)
+  v.push_back({5, 8, 5, true, true, true, true});                  // one chunk per row
   return v;
 }
 
 TEST(CudaLinear, EpiloguesMatchCpu) {
   REQUIRE_GPU();
-  for (int mode : {-1, 0, 1, 3, 4}) {
-    set_gemv_mode(mode);
-    for (const Case& c : cases()) {
-      const double err = check(c);
+  // (GEMV mode, skinny mode): the automatic choice, cuBLASLt alone, each GEMV variant, each
+  // skinny variant for every row count it takes.
+  const std::pair<int, int> modes[] = {{-1, -1}, {0, 0}, {1, 0}, {3, 0},
+                                       {4, 0},   {0, 1}, {0, 2}, {0, 3}};
+  const std::vector<Case> all = cases();
+  std::vector<Prepared> prepared;  // the CPU's results once, for every mode
+  for (const Case& c : all) prepared.push_back(prepare(c));
+  for (const auto& [gemv, skinny] : modes) {
+    set_modes(gemv, skinny);
+    for (size_t i = 0; i < all.size(); ++i) {
+      const Case& c = all[i];
+      const double err = check(c, prepared[i]);
       EXPECT_LE(err, kLinearBound)
-          << "mode " << mode << ": " << c.n << "x" << c.in << "->" << c.out << " bias " << c.bias
-          << " f32 " << c.f32_out << " gelu " << c.gelu << " acc " << c.accumulate;
+          << "gemv " << gemv << " skinny " << skinny << ": " << c.n << "x" << c.in << "->" << c.out
+          << " bias " << c.bias << " f32 " << c.f32_out << " gelu " << c.gelu << " acc "
+          << c.accumulate << " addend " << c.addend;
     }
   }
-  set_gemv_mode(-1);
+  set_modes(-1, -1);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/linear_util.cuh"
 
 namespace kestrel::cuda::kernels {
 namespace {
@@ -17,15 +18,6 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr int kGemvThreads = 128;  // 4 warps, k split between them, as the BF16 v4 GEMV
 constexpr float kE4M3Max = 448.0f;
-
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) {
-  return __uint_as_float(static_cast<uint32_t>(b) << 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
-  const __nv_bfloat16 h = __float2bfloat16_rn(v);
-  return *reinterpret_cast<const uint16_t*>(&h);
-}
 
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
@@ -99,14 +91,6 @@ __device__ __forceinline__ void dot16(float& acc, const uint4& w, const uint4& x
   }
 }
 
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // x [M, 2 kc] and w [n, kc] in 16-byte chunks (kc = K / 16); a block's 4 warps share R rows of w
 // and split k, summed through shared memory; out [M, n] under the epilogue (as gemv.cu's).
 template <int M, int R, int U>
@@ -170,16 +154,7 @@ __global__ void __launch_bounds__(kGemvThreads)
   for (int i = 0; i < kWarps; ++i) y += part[i][t];
   y *= scale[per_row ? row : 0];
   if (bias) y += bf16_bits_to_f32(bias[row]);
-  if (gelu) y = 0.5f * y * (1.0f + erff(y * 0.70710678118654752440f));
-  const int64_t i = m * n + row;
-  if (addend) y += bf16_bits_to_f32(addend[i]);
-  if (f32_out) {
-    float* o = static_cast<float*>(out);
-    o[i] = accumulate ? o[i] + y : y;
-  } else {
-    uint16_t* o = static_cast<uint16_t*>(out);
-    o[i] = f32_to_bf16_bits(accumulate ? bf16_bits_to_f32(o[i]) + y : y);
-  }
+  store_epilogue(y, gelu, accumulate, addend, out, f32_out, m * n + row);
 }
 
 template <int M>
