@@ -1,9 +1,8 @@
 // The CUDA kernels at falcon-7b's shapes, timed with Google Benchmark (manual time: the device's
 // work between two synchronisations): paged attention (the tensor-core v3 against the generic
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
-// of 4-128 rows (cuBLASLt against the skinny GEMM's variants),
 // and one decode step's LoRA work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|Skinny|Lora]
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -113,45 +112,6 @@ const LinearShape kLinear[] = {{"qkv", 4544, 4672, false},
                                {"fc1", 4544, 18176, false},
                                {"fc2", 18176, 4544, false},
                                {"lm_head", 4544, 65024, true}};
-
-// Args: shape index, rows, mode (0 cuBLASLt, 1..3 the skinny GEMM's variant). As BM_Linear, but
-// each timed iteration is 8 launches back to back (the per-launch time is reported), so the
-// host's launch and synchronisation stay out of the kernel's figure.
-void BM_Skinny(benchmark::State& state) {
-  const LinearShape& sh = kLinear[state.range(0)];
-  const int64_t m = state.range(1);
-  const int mode = static_cast<int>(state.range(2));
-  state.SetLabel(std::string(sh.name) + (mode == 0 ? ", cublaslt" : ", skinny v") +
-                 (mode == 0 ? "" : std::to_string(mode)));
-  const double bytes = 2.0 * sh.in * sh.out;
-  const int copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)));
-  std::vector<Tensor> ws;
-  for (int i = 0; i < copies; ++i) ws.push_back(device_bf16({sh.out, sh.in}, 7 + i, 0.03f));
-  const Tensor x = device_bf16({m, sh.in}, 3);
-  Tensor out = Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
-  with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, 0);
-  with_tuning([](cuda::Tuning& t, int v) { t.skinny = v; }, mode);
-  constexpr int kLaunches = 8;
-  int64_t i = 0;
-  for (int w = 0; w < 3; ++w) ops::linear(x, ws[++i % copies], Tensor(), out);
-  ops::synchronize(Device::kCuda);
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int l = 0; l < kLaunches; ++l) ops::linear(x, ws[++i % copies], Tensor(), out);
-    ops::synchronize(Device::kCuda);
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
-  }
-  with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, -1);
-  with_tuning([](cuda::Tuning& t, int v) { t.skinny = v; }, -1);
-  state.counters["TB/s"] =
-      benchmark::Counter(bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-}
-BENCHMARK(BM_Skinny)
-    ->ArgsProduct({{0, 2, 3, 4}, {4, 16, 32, 64}, {0, 1, 2, 3}})
-    ->UseManualTime()
-    ->MinTime(0.05)
-    ->Unit(benchmark::kMicrosecond);
 
 // Args: shape index, rows, GEMV mode (0 cuBLASLt, 1..4 the variant). Weights rotate over copies
 // that together pass 200 MB, so the L2 does not serve them.

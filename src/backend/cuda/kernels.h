@@ -82,30 +82,6 @@ bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
           int variant, cudaStream_t s);
-// --- linear for decode batches on tensor cores (skinny_gemm.cu) ----------------
-// As gemv (same arguments and epilogue) for 1..kSkinnyMaxRows rows, with mma.sync: w streamed
-// into the A fragments, a block's warps on 16 rows of w each, k split over blocks through ws
-// (skinny_gemm.cu). variant (steps of 32 k in flight a lane, warps a block): 1 (4, 8; 2 steps
-// above 16 rows); 2 (2, 8); 3 (as 1, 4). Needs skinny_supported: k % 8 == 0, x and w 16-byte
-// aligned.
-constexpr int kSkinnyMaxRows = 64;
-constexpr int64_t kSkinnyMaxTile = 64 * 8 * 16;  // floats of one block's partial tile
-// The splits' partial tiles (partial_floats floats) and one counter a tile (n_counters ints,
-// zero before the first use; each launch leaves them zero). One workspace a stream: launches
-// on it must not overlap.
-struct SkinnyWorkspace {
-  float* partial = nullptr;
-  int64_t partial_floats = 0;
-  int* counters = nullptr;
-  int64_t n_counters = 0;
-  int sms = 1;
-};
-// What a workspace for a card of `sms` multiprocessors holds (every split count launch picks).
-int64_t skinny_workspace_floats(int sms);
-bool skinny_supported(int64_t rows, int64_t k, const void* x, const void* w);
-void skinny_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
-                 int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
-                 void* out, bool f32_out, int variant, const SkinnyWorkspace& ws, cudaStream_t s);
 // The scales of a product of FP8 codes: row [rows] (per token), col [cols] per_col, else [1].
 // row null: y is not scaled.
 struct Fp8Scales {

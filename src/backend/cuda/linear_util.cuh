@@ -1,5 +1,5 @@
-// Device helpers shared by the skinny linears of decode (gemv.cu, skinny_gemm.cu, fp8.cu): the
-// streamed weight load, bf16 bit conversions and the epilogue every one of them applies.
+// Device helpers shared by the skinny linears of decode (gemv.cu, fp8.cu): the streamed weight
+// load, bf16 bit conversions and the epilogue both apply.
 #pragma once
 
 #include <cuda_bf16.h>

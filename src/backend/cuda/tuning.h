@@ -20,12 +20,6 @@ struct Tuning {
   // measured faster (1 row; 2 rows below k 16384) and applies, 0 cuBLASLt only, 1..4 that GEMV
   // variant for every 1..8 rows.
   int gemv = -1;
-  // Linears of 3..64 rows (gemm.cpp, skinny_gemm.cu). KESTREL_SKINNY: 0 cuBLASLt (measured
-  // faster at every falcon-7b shape), -1 the skinny GEMM up to skinny_max_rows, 1..3 that
-  // variant for every 1..64 rows.
-  int skinny = 0;
-  // KESTREL_SKINNY_ROWS: the most rows the automatic choice gives the skinny GEMM.
-  int skinny_max_rows = 64;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
   bool gelu_epilogue = true;
