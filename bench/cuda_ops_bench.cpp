@@ -1,8 +1,9 @@
 // The CUDA kernels at falcon-7b's shapes, timed with Google Benchmark (manual time: the device's
 // work between two synchronisations): paged attention (the tensor-core v3 against the generic
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
+// cuBLASLt's decode GEMMs of 32 and 128 rows with k split 2-4 ways,
 // and one decode step's LoRA work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|Lora]
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|GemmSplitK|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -112,6 +113,42 @@ const LinearShape kLinear[] = {{"qkv", 4544, 4672, false},
                                {"fc1", 4544, 18176, false},
                                {"fc2", 18176, 4544, false},
                                {"lm_head", 4544, 65024, true}};
+
+// Args: shape index, rows, cuBLASLt split-K (0: the heuristic's algorithm as it comes). Each
+// timed iteration is 8 launches back to back (the per-launch time is reported), weights rotated
+// past the L2 as in BM_Linear.
+void BM_GemmSplitK(benchmark::State& state) {
+  const LinearShape& sh = kLinear[state.range(0)];
+  const int64_t m = state.range(1);
+  const int split = static_cast<int>(state.range(2));
+  state.SetLabel(std::string(sh.name) + ", split-k " + std::to_string(split));
+  const double bytes = 2.0 * sh.in * sh.out;
+  const int copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)));
+  std::vector<Tensor> ws;
+  for (int i = 0; i < copies; ++i) ws.push_back(device_bf16({sh.out, sh.in}, 7 + i, 0.03f));
+  const Tensor x = device_bf16({m, sh.in}, 3);
+  Tensor out = Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
+  with_tuning([](cuda::Tuning& t, int v) { t.gemm_split_k = v; }, split);
+  constexpr int kLaunches = 8;
+  int64_t i = 0;
+  for (int w = 0; w < 3; ++w) ops::linear(x, ws[++i % copies], Tensor(), out);
+  ops::synchronize(Device::kCuda);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLaunches; ++l) ops::linear(x, ws[++i % copies], Tensor(), out);
+    ops::synchronize(Device::kCuda);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
+  }
+  with_tuning([](cuda::Tuning& t, int v) { t.gemm_split_k = v; }, 0);
+  state.counters["TB/s"] =
+      benchmark::Counter(bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_GemmSplitK)
+    ->ArgsProduct({{0, 2, 3}, {32, 128}, {0, 2, 3, 4}})
+    ->UseManualTime()
+    ->MinTime(0.05)
+    ->Unit(benchmark::kMicrosecond);
 
 // Args: shape index, rows, GEMV mode (0 cuBLASLt, 1..4 the variant). Weights rotate over copies
 // that together pass 200 MB, so the L2 does not serve them.
