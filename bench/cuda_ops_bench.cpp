@@ -114,35 +114,48 @@ const LinearShape kLinear[] = {{"qkv", 4544, 4672, false},
                                {"fc2", 18176, 4544, false},
                                {"lm_head", 4544, 65024, true}};
 
+// The operands of a linear at a shape of kLinear with m rows: weights in copies that together
+// pass 200 MB (rotated, so the L2 does not serve them), x, out; bytes: one copy's.
+struct LinearOperands {
+  std::vector<Tensor> ws;
+  Tensor x, out;
+  double bytes = 0;
+  int64_t copies = 0;
+
+  LinearOperands(const LinearShape& sh, int64_t m) : bytes(2.0 * sh.in * sh.out) {
+    copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)));
+    for (int64_t i = 0; i < copies; ++i) ws.push_back(device_bf16({sh.out, sh.in}, 7 + i, 0.03f));
+    x = device_bf16({m, sh.in}, 3);
+    out = Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
+  }
+  void run(int64_t i) { ops::linear(x, ws[i % copies], Tensor(), out); }
+  void count(benchmark::State& state) const {
+    state.counters["TB/s"] =
+        benchmark::Counter(bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  }
+};
+
 // Args: shape index, rows, cuBLASLt split-K (0: the heuristic's algorithm as it comes). Each
-// timed iteration is 8 launches back to back (the per-launch time is reported), weights rotated
-// past the L2 as in BM_Linear.
+// timed iteration is 8 launches back to back (the per-launch time is reported).
 void BM_GemmSplitK(benchmark::State& state) {
   const LinearShape& sh = kLinear[state.range(0)];
-  const int64_t m = state.range(1);
   const int split = static_cast<int>(state.range(2));
   state.SetLabel(std::string(sh.name) + ", split-k " + std::to_string(split));
-  const double bytes = 2.0 * sh.in * sh.out;
-  const int copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)));
-  std::vector<Tensor> ws;
-  for (int i = 0; i < copies; ++i) ws.push_back(device_bf16({sh.out, sh.in}, 7 + i, 0.03f));
-  const Tensor x = device_bf16({m, sh.in}, 3);
-  Tensor out = Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
+  LinearOperands op(sh, state.range(1));
   with_tuning([](cuda::Tuning& t, int v) { t.gemm_split_k = v; }, split);
   constexpr int kLaunches = 8;
   int64_t i = 0;
-  for (int w = 0; w < 3; ++w) ops::linear(x, ws[++i % copies], Tensor(), out);
+  for (int w = 0; w < 3; ++w) op.run(++i);
   ops::synchronize(Device::kCuda);
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int l = 0; l < kLaunches; ++l) ops::linear(x, ws[++i % copies], Tensor(), out);
+    for (int l = 0; l < kLaunches; ++l) op.run(++i);
     ops::synchronize(Device::kCuda);
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
   }
   with_tuning([](cuda::Tuning& t, int v) { t.gemm_split_k = v; }, 0);
-  state.counters["TB/s"] =
-      benchmark::Counter(bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  op.count(state);
 }
 BENCHMARK(BM_GemmSplitK)
     ->ArgsProduct({{0, 2, 3}, {32, 128}, {0, 2, 3, 4}})
@@ -158,17 +171,11 @@ void BM_Linear(benchmark::State& state) {
   const int mode = static_cast<int>(state.range(2));
   state.SetLabel(std::string(sh.name) + (mode == 0 ? ", cublaslt" : ", gemv v") +
                  (mode == 0 ? "" : std::to_string(mode)));
-  const double bytes = 2.0 * sh.in * sh.out;
-  const int copies = std::max(2, static_cast<int>(std::ceil(200e6 / bytes)));
-  std::vector<Tensor> ws;
-  for (int i = 0; i < copies; ++i) ws.push_back(device_bf16({sh.out, sh.in}, 7 + i, 0.03f));
-  const Tensor x = device_bf16({m, sh.in}, 3);
-  Tensor out = Tensor::empty(sh.f32_out ? DType::kF32 : DType::kBF16, {m, sh.out}, Device::kCuda);
+  LinearOperands op(sh, m);
   with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, mode);
-  time_device(state, [&](int64_t i) { ops::linear(x, ws[i % copies], Tensor(), out); });
+  time_device(state, [&](int64_t i) { op.run(i); });
   with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, -1);
-  state.counters["TB/s"] =
-      benchmark::Counter(bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  op.count(state);
 }
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2, 4, 8}, {0, 1, 2, 3, 4}})
