@@ -121,14 +121,11 @@ std::vector<Case> cases() {
 
 TEST(CudaLinear, EpiloguesMatchCpu) {
   REQUIRE_GPU();
-  const std::vector<Case> all = cases();
-  std::vector<Prepared> prepared;  // the CPU's results once, for every mode
-  for (const Case& c : all) prepared.push_back(prepare(c));
-  for (int mode : {-1, 0, 1, 3, 4}) {
-    set_gemv_mode(mode);
-    for (size_t i = 0; i < all.size(); ++i) {
-      const Case& c = all[i];
-      const double err = check(c, prepared[i]);
+  for (const Case& c : cases()) {
+    const Prepared p = prepare(c);  // the CPU's result once, for every mode
+    for (int mode : {-1, 0, 1, 3, 4}) {
+      set_gemv_mode(mode);
+      const double err = check(c, p);
       EXPECT_LE(err, kLinearBound) << "mode " << mode << ": " << c.n << "x" << c.in << "->" << c.out
                                    << " bias " << c.bias << " f32 " << c.f32_out << " gelu "
                                    << c.gelu << " acc " << c.accumulate << " addend " << c.addend;
