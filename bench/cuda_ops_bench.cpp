@@ -163,7 +163,7 @@ BENCHMARK(BM_GemmSplitK)
     ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);
 
-// Args: shape index, rows, GEMV mode (0 cuBLASLt, 1..4 the variant). Weights rotate over copies
+// Args: shape index, rows, GEMV mode (0 cuBLASLt, 1..6 the variant). Weights rotate over copies
 // that together pass 200 MB, so the L2 does not serve them.
 void BM_Linear(benchmark::State& state) {
   const LinearShape& sh = kLinear[state.range(0)];
@@ -178,7 +178,7 @@ void BM_Linear(benchmark::State& state) {
   op.count(state);
 }
 BENCHMARK(BM_Linear)
-    ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2, 4, 8}, {0, 1, 2, 3, 4}})
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2, 4, 8}, {0, 1, 2, 3, 4, 5, 6}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

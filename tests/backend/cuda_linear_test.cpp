@@ -123,7 +123,7 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
   REQUIRE_GPU();
   for (const Case& c : cases()) {
     const Prepared p = prepare(c);  // the CPU's result once, for every mode
-    for (int mode : {-1, 0, 1, 3, 4}) {
+    for (int mode : {-1, 0, 1, 3, 4, 5, 6}) {
       set_gemv_mode(mode);
       const double err = check(c, p);
       EXPECT_LE(err, kLinearBound) << "mode " << mode << ": " << c.n << "x" << c.in << "->" << c.out

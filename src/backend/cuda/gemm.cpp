@@ -382,12 +382,12 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   if (n_tokens == 0 || n_out == 0) return;
   KESTREL_CHECK(!epilogue.addend || out.dtype() == DType::kBF16,
                 "linear (cuda): an addend needs a BF16 out");
-  // Where the GEMV measured faster than cuBLASLt on the H200 (docs/gpu.md, "GEMV and
-  // fusions"): v4 (k split over a block's warps) for 1 row at every falcon-7b shape and for 2
-  // rows below k 16384; cuBLASLt's split-K kernels win from 4 rows on.
+  // Where the GEMV measured faster than cuBLASLt (docs/gpu.md, "GEMV and fusions"): v4 (k split
+  // over a block's warps, 2 rows of w a block) for 1 row, v6 (1 row of w a block) for 2, at
+  // every falcon-7b shape; cuBLASLt's split-K kernels win from 4 rows on.
   const int mode = tuning().gemv;
   int variant = mode;
-  if (mode < 0) variant = n_tokens == 1 || (n_tokens == 2 && n_in < 16384) ? 4 : 0;
+  if (mode < 0) variant = n_tokens == 1 ? 4 : n_tokens == 2 ? 6 : 0;
   if (variant > 0 && kernels::gemv_supported(n_tokens, n_in, x.raw(), weight.raw())) {
     kernels::gemv(x.data<uint16_t>(), weight.data<uint16_t>(),
                   bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,

@@ -202,13 +202,25 @@ void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias,
     pdl_launch(kernel, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu, accumulate, addend, out,
                f32_out, prefetch);
   };
+  // The split kernels: a block of R rows, the grid n / R blocks (variants 5 and 6 change R,
+  // and so how many waves the grid makes, at 8 loads in flight a lane).
+  auto split = [&](auto kernel, int r) {
+    const unsigned blocks = static_cast<unsigned>((n + r - 1) / r);
+    pdl_launch(kernel, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu, accumulate, addend, out,
+               f32_out, prefetch);
+  };
   if (variant == 4) {
     constexpr int kR = M <= 4 ? 2 : 1;
     constexpr int kU = M <= 2 ? 4 : 2;
-    const unsigned blocks = static_cast<unsigned>((n + kR - 1) / kR);
-    pdl_launch(gemv_split_kernel<M, kR, kU>, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu,
-               accumulate, addend, out, f32_out, prefetch);
-    return;
+    return split(gemv_split_kernel<M, kR, kU>, kR);
+  }
+  if (variant == 5) {
+    if constexpr (M <= 2) return split(gemv_split_kernel<M, 4, 2>, 4);
+    return split(gemv_split_kernel<M, 2, 2>, 2);
+  }
+  if (variant == 6) {
+    if constexpr (M <= 2) return split(gemv_split_kernel<M, 1, 8>, 1);
+    return split(gemv_split_kernel<M, 1, 2>, 1);
   }
   switch (variant) {
     case 1:

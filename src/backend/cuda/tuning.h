@@ -16,9 +16,9 @@ struct Tuning {
   // KESTREL_ATTN_SPLITS: 0 the measured rule for splitting the context over blocks
   // (flash-decoding: only while the grid leaves half the multiprocessors idle), N > 0 forces N.
   int attention_splits = 0;
-  // Linears of 1..8 rows (gemm.cpp, gemv.cu). KESTREL_GEMV: -1 the GEMV (variant 4) where it
-  // measured faster (1 row; 2 rows below k 16384) and applies, 0 cuBLASLt only, 1..4 that GEMV
-  // variant for every 1..8 rows.
+  // Linears of 1..8 rows (gemm.cpp, gemv.cu). KESTREL_GEMV: -1 the GEMV where it measured
+  // faster and applies (variant 4 for 1 row, 6 for 2), 0 cuBLASLt only, 1..6 that GEMV variant
+  // for every 1..8 rows.
   int gemv = -1;
   // KESTREL_GEMM_SPLIT_K: 0 the cuBLASLt heuristic's algorithm as it comes; N > 1 the same
   // algorithm with k split N ways (deterministic reduction) for GEMMs of at most 256 rows, where
