@@ -1,9 +1,8 @@
 // The CUDA kernels at falcon-7b's shapes, timed with Google Benchmark (manual time: the device's
 // work between two synchronisations): paged attention (the tensor-core v3 against the generic
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
-// cuBLASLt's decode GEMMs of 32 and 128 rows with k split 2-4 ways,
 // and one decode step's LoRA work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|GemmSplitK|Lora]
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -134,34 +133,6 @@ struct LinearOperands {
         benchmark::Counter(bytes * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
   }
 };
-
-// Args: shape index, rows, cuBLASLt split-K (0: the heuristic's algorithm as it comes). Each
-// timed iteration is 8 launches back to back (the per-launch time is reported).
-void BM_GemmSplitK(benchmark::State& state) {
-  const LinearShape& sh = kLinear[state.range(0)];
-  const int split = static_cast<int>(state.range(2));
-  state.SetLabel(std::string(sh.name) + ", split-k " + std::to_string(split));
-  LinearOperands op(sh, state.range(1));
-  with_tuning([](cuda::Tuning& t, int v) { t.gemm_split_k = v; }, split);
-  constexpr int kLaunches = 8;
-  int64_t i = 0;
-  for (int w = 0; w < 3; ++w) op.run(++i);
-  ops::synchronize(Device::kCuda);
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int l = 0; l < kLaunches; ++l) op.run(++i);
-    ops::synchronize(Device::kCuda);
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
-  }
-  with_tuning([](cuda::Tuning& t, int v) { t.gemm_split_k = v; }, 0);
-  op.count(state);
-}
-BENCHMARK(BM_GemmSplitK)
-    ->ArgsProduct({{0, 2, 3}, {32, 128}, {0, 2, 3, 4}})
-    ->UseManualTime()
-    ->MinTime(0.05)
-    ->Unit(benchmark::kMicrosecond);
 
 // Args: shape index, rows, GEMV mode (0 cuBLASLt, 1..6 the variant). Weights rotate over copies
 // that together pass 200 MB, so the L2 does not serve them.

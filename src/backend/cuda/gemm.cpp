@@ -56,7 +56,7 @@ using PlanKey = std::tuple<int64_t, int64_t, int64_t, bool, bool, bool, Operands
 struct Gemm {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<std::pair<PlanKey, int>, Plan> plans;  // (shape, split-K asked by the tuning)
+  std::map<PlanKey, Plan> plans;
   Tensor workspace_tensor;  // held for the process: cuBLASLt uses it on every call
 };
 
@@ -152,8 +152,7 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
                Tensor& out) {
   Gemm& g = gemm();
   const auto [m, n, k, has_bias, f32_out, gelu, operands] = key;
-  const int split = n <= 256 && operands == Operands::kBf16 ? tuning().gemm_split_k : 0;
-  auto it = g.plans.find({key, split});
+  auto it = g.plans.find(key);
   if (it != g.plans.end()) return it->second;
   Plan p;
   cublasLtMatmulHeuristicResult_t results[kMaxAlgos] = {};
@@ -164,8 +163,7 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
   if (gelu_ok) found = describe(p, key, bias_ok, true, results);
   if (found == 0 && bias_ok) found = describe(p, key, true, false, results);
   if (found == 0) found = describe(p, key, false, false, results);
-  if (found == 0 && operands != Operands::kBf16)
-    return g.plans.emplace(std::pair{key, split}, Plan{}).first->second;
+  if (found == 0 && operands != Operands::kBf16) return g.plans.emplace(key, Plan{}).first->second;
   KESTREL_CHECK(found > 0, "linear: cuBLASLt has no algorithm for [", n, ", ", k, "] x [", m, ", ",
                 k, "]^T");
   if (p.bias_epilogue) {
@@ -174,25 +172,7 @@ Plan& plan_for(const PlanKey& key, const Tensor& x, const Tensor& weight, const 
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
   p.algo = results[0].algo;
-  if (split > 1) {  // the heuristic's algorithm with k split `split` ways, if cuBLASLt takes it
-    cublasLtMatmulAlgo_t a = p.algo;
-    const int32_t splits = split;
-    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;  // deterministic
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
-                                             sizeof(splits)) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
-                                             sizeof(scheme)) == CUBLAS_STATUS_SUCCESS &&
-        cublasLtMatmulAlgoCheck(g.handle, p.op, p.a, p.b, p.c, p.c, &a, &check) ==
-            CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= kWorkspaceBytes) {
-      p.algo = a;
-    } else {
-      spdlog::debug("linear: cuBLASLt refused split-K {} for [{}, {}] x [{}, {}]^T", split, m, k, n,
-                    k);
-    }
-  }
-  return g.plans.emplace(std::pair{key, split}, p).first->second;
+  return g.plans.emplace(key, p).first->second;
 }
 
 // What a plan's epilogue did not fuse, after its product: the bias, then GELU (bf16 out).

@@ -20,10 +20,6 @@ struct Tuning {
   // faster and applies (variant 4 for 1 row, 6 for 2), 0 cuBLASLt only, 1..6 that GEMV variant
   // for every 1..8 rows.
   int gemv = -1;
-  // KESTREL_GEMM_SPLIT_K: 0 the cuBLASLt heuristic's algorithm as it comes; N > 1 the same
-  // algorithm with k split N ways (deterministic reduction) for GEMMs of at most 256 rows, where
-  // cuBLASLt accepts it (for measuring: docs/benchmarks.md).
-  int gemm_split_k = 0;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
   bool gelu_epilogue = true;
