@@ -479,7 +479,8 @@ Tensor cache_values(const Tensor& cache) {
 
 // The fused op (one kernel on CUDA) against the CPU's qkv_rotary + kv_write: rotated and not,
 // MQA / GQA / MHA, block sizes 16 and 32, padding rows (slot -1) that must write nothing; into a
-// BF16 cache and an FP8 one (E4M3 of the fp32 rotated value on both sides).
+// BF16 cache and an FP8 one (E4M3 of the fp32 rotated value on both sides); head_dim 16, 64 and
+// 128 through the 16-byte kernel, 24 through the scalar one.
 TEST(CudaOps, QkvRotaryKvWrite) {
   REQUIRE_GPU();
   for (bool fp8 : {false, true})
@@ -487,7 +488,8 @@ TEST(CudaOps, QkvRotaryKvWrite) {
                                                      {5, 8, 2, 128, 32, true},
                                                      {9, 4, 4, 16, 16, true},
                                                      {7, 12, 12, 64, 32, false},
-                                                     {40, 32, 8, 64, 16, true}}) {
+                                                     {40, 32, 8, 64, 16, true},
+                                                     {6, 6, 2, 24, 16, true}}) {
       const int64_t blocks = (n + bs - 1) / bs + 3;
       Tensor qkv = random_host({n, (heads + 2 * kv_heads) * d});
       Tensor cos = rotate ? random_host({n, d / 2}) : Tensor();
