@@ -3,7 +3,7 @@
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
 // cuBLASLt's decode GEMMs of 32 and 128 rows with k split 2-4 ways,
 // and one decode step's LoRA work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|GemmSplitK|Lora]
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|GemmSplitK|DecodeGemm|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -159,6 +159,37 @@ void BM_GemmSplitK(benchmark::State& state) {
 }
 BENCHMARK(BM_GemmSplitK)
     ->ArgsProduct({{0, 2, 3}, {32, 128}, {0, 2, 3, 4}})
+    ->UseManualTime()
+    ->MinTime(0.05)
+    ->Unit(benchmark::kMicrosecond);
+
+// Args: shape index, rows, mode (0 cuBLASLt, 1..2 the decode GEMM's variant). Each timed
+// iteration is 8 launches back to back (the per-launch time is reported).
+void BM_DecodeGemm(benchmark::State& state) {
+  const LinearShape& sh = kLinear[state.range(0)];
+  const int mode = static_cast<int>(state.range(2));
+  state.SetLabel(std::string(sh.name) +
+                 (mode == 0 ? ", cublaslt" : ", decode gemm v" + std::to_string(mode)));
+  LinearOperands op(sh, state.range(1));
+  with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
+  constexpr int kLaunches = 8;
+  int64_t i = 0;
+  for (int w = 0; w < 3; ++w) op.run(++i);
+  ops::synchronize(Device::kCuda);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLaunches; ++l) op.run(++i);
+    ops::synchronize(Device::kCuda);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
+  }
+  with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, -1);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
+  op.count(state);
+}
+BENCHMARK(BM_DecodeGemm)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {4, 16, 32, 64, 128}, {0, 1, 2}})
     ->UseManualTime()
     ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);

@@ -15,6 +15,9 @@
 #   ncu          per-kernel device times of a 2-layer falcon-7b step (ncu, clocks untouched)
 #   memcheck     compute-sanitizer over the op tests and the graph tests (MEMCHECK_FILTER)
 #   lora         the LoRA fixtures through `kestrel logits --device cuda` (lora_cuda_check.py)
+#   gemm         the decode GEMM (KESTREL_DECODE_GEMM) and cuBLASLt split-K (KESTREL_GEMM_SPLIT_K):
+#                the linear op test, their kernel timings, then kestrel bench at decode batch
+#                4-128 and a 128-token first token with each against neither
 # Engine and server:
 #   generate     `generate --device cuda` against `--device cpu` on the e2e fixture, and logits
 #   serve        `kestrel serve --device cuda` on a random falcon-7b folder written on the
@@ -95,6 +98,18 @@ fi
 if has lora; then
   timeout 150 python3 bench/lora_cuda_check.py ./$BIN/kestrel >"$OUT/lora.log" 2>&1
   echo "lora rc=$?"; tail -12 "$OUT/lora.log"
+fi
+if has gemm; then
+  timeout 150 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*' >"$OUT/gemm-test.log" 2>&1
+  echo "linear rc=$?"; grep -E "PASSED|FAILED|Failure|decode gemm" "$OUT/gemm-test.log" | head -20
+  timeout 150 ./$BIN/cuda_ops_bench --benchmark_filter='DecodeGemm|GemmSplitK' >"$OUT/gemm-timing.log" 2>&1
+  echo "timing rc=$?"; grep -E "^BM_" "$OUT/gemm-timing.log" | sed 's/min_time:0.050.manual_time//' | head -100
+  for e in KESTREL_DECODE_GEMM=0 KESTREL_DECODE_GEMM=1 KESTREL_DECODE_GEMM=2 KESTREL_GEMM_SPLIT_K=3; do
+    echo "== $e"
+    env $e timeout 60 ./$BIN/kestrel bench --device cuda --preset falcon-7b --prefill 1x16 \
+      --decode 4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 --iters 2 \
+      --no-roofline 2>&1 | grep -E "^decode|^first"
+  done
 fi
 
 # --- engine and server ----------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include <cublasLt.h>
@@ -73,6 +74,32 @@ Gemm& gemm() {
     return st;
   }();
   return *g;
+}
+
+// The decode GEMM's workspace for stream s, made at its first use there (outside any capture:
+// the eager run before a capture makes it) and held for the process.
+const kernels::DecodeGemmWorkspace& decode_gemm_workspace(cudaStream_t s) {
+  struct Held {
+    Tensor partial, counters;
+    kernels::DecodeGemmWorkspace ws;
+  };
+  static std::mutex mu;
+  static auto* held = new std::map<cudaStream_t, Held>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = held->find(s);
+  if (it != held->end()) return it->second.ws;
+  Held h;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&h.ws.sms, cudaDevAttrMultiProcessorCount, dev));
+  h.ws.partial_floats = kernels::decode_gemm_workspace_floats(h.ws.sms);
+  h.ws.n_counters = int64_t{4} * h.ws.sms;
+  h.partial = Tensor::empty(DType::kF32, {h.ws.partial_floats}, Device::kCuda);
+  h.counters = Tensor::empty(DType::kI32, {h.ws.n_counters}, Device::kCuda);
+  h.ws.partial = h.partial.data<float>();
+  h.ws.counters = h.counters.data<int32_t>();
+  CUDA_CHECK(cudaMemsetAsync(h.ws.counters, 0, sizeof(int32_t) * h.ws.n_counters, s));
+  return held->emplace(s, std::move(h)).first->second.ws;
 }
 
 // Column-major view of the row-major problem: out^T [n_out, T] =
@@ -394,6 +421,16 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
                   epilogue.gelu, epilogue.accumulate,
                   epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr, out.raw(),
                   out.dtype() == DType::kF32, variant, stream());
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const int decode = tuning().decode_gemm;
+  if (decode > 0 && kernels::decode_gemm_supported(n_tokens, n_in, x.raw(), weight.raw())) {
+    kernels::decode_gemm(
+        x.data<uint16_t>(), weight.data<uint16_t>(),
+        bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
+        epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
+        out.raw(), out.dtype() == DType::kF32, decode, decode_gemm_workspace(stream()), stream());
     CUDA_CHECK_LAUNCH();
     return;
   }

@@ -82,6 +82,31 @@ bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
           int variant, cudaStream_t s);
+// --- linear for decode batches on tensor cores (decode_gemm.cu) ----------------
+// As gemv (same arguments and epilogue) for 1..kDecodeGemmMaxRows rows: w and x through
+// shared-memory tiles of 128 k (cp.async, several stages), mma.sync, k split over blocks through
+// ws. variant: 1 four warps (64 rows of w) a block; 2 eight warps (128 rows). Needs
+// decode_gemm_supported: k % 8 == 0, x and w 16-byte aligned.
+constexpr int kDecodeGemmMaxRows = 128;
+constexpr int64_t kDecodeGemmMaxTile = 128 * 128;  // floats of one block's partial tile
+// The splits' partial tiles (partial_floats floats) and one counter a tile (n_counters ints,
+// zero before the first use; each launch leaves them zero). One workspace a stream: launches
+// on it must not overlap.
+struct DecodeGemmWorkspace {
+  float* partial = nullptr;
+  int64_t partial_floats = 0;
+  int* counters = nullptr;
+  int64_t n_counters = 0;
+  int sms = 1;
+};
+// What a workspace for a card of `sms` multiprocessors holds (every split count launch picks).
+int64_t decode_gemm_workspace_floats(int sms);
+bool decode_gemm_supported(int64_t rows, int64_t k, const void* x, const void* w);
+void decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
+                 int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
+                 void* out, bool f32_out, int variant, const DecodeGemmWorkspace& ws,
+                 cudaStream_t s);
+
 // The scales of a product of FP8 codes: row [rows] (per token), col [cols] per_col, else [1].
 // row null: y is not scaled.
 struct Fp8Scales {

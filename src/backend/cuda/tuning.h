@@ -24,6 +24,9 @@ struct Tuning {
   // algorithm with k split N ways (deterministic reduction) for GEMMs of at most 256 rows, where
   // cuBLASLt accepts it (for measuring: docs/benchmarks.md).
   int gemm_split_k = 0;
+  // Linears of 3..128 rows (gemm.cpp, decode_gemm.cu). KESTREL_DECODE_GEMM: 0 cuBLASLt, 1..2
+  // the decode GEMM's variant for every 3..128 rows (not yet measured on a card: off).
+  int decode_gemm = 0;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
   bool gelu_epilogue = true;
