@@ -116,18 +116,17 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
   };
 
-  float acc[MT][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
-
-      // Prologue: STAGES - 1 tiles in flight (a group each, empty past the end).
+  // Prologue: STAGES - 1 tiles in flight (a group each, empty past the end).
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
     if (kt_begin + st < kt_end) load(kt_begin + st, st);
     cp_async_commit();
   }
+  float acc[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
   // ldmatrix lanes: matrix j = lane / 8 gives row r = lane % 8 of its 8x8 piece.
   const int j = lane >> 3, r = lane & 7;
   const int a_row = warp * 16 + (j & 1) * 8 + r, a_half = j >> 1;  // w: a0 a1 a2 a3
