@@ -100,15 +100,16 @@ if has lora; then
   echo "lora rc=$?"; tail -12 "$OUT/lora.log"
 fi
 if has gemm; then
-  timeout 150 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*' >"$OUT/gemm-test.log" 2>&1
+  timeout 200 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*:CudaAttention*' >"$OUT/gemm-test.log" 2>&1
   echo "linear rc=$?"; grep -E "PASSED|FAILED|Failure|decode gemm" "$OUT/gemm-test.log" | head -20
   timeout 150 ./$BIN/cuda_ops_bench --benchmark_filter='DecodeGemm|GemmSplitK' >"$OUT/gemm-timing.log" 2>&1
   echo "timing rc=$?"; grep -E "^BM_" "$OUT/gemm-timing.log" | sed 's/min_time:0.050.manual_time//' | head -100
-  for e in KESTREL_DECODE_GEMM=0 KESTREL_DECODE_GEMM=1 KESTREL_DECODE_GEMM=2 KESTREL_GEMM_SPLIT_K=3; do
+  for e in KESTREL_DECODE_GEMM=0 KESTREL_DECODE_GEMM=1 KESTREL_DECODE_GEMM=2 KESTREL_GEMM_SPLIT_K=3 \
+    KESTREL_ATTN_FUSED_COMBINE=1 KESTREL_DECODE_GEMM=0; do
     echo "== $e"
     env $e timeout 60 ./$BIN/kestrel bench --device cuda --preset falcon-7b --prefill 1x16 \
-      --decode 4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 --iters 2 \
-      --no-roofline 2>&1 | grep -E "^decode|^first"
+      --decode 1x128x64,4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 \
+      --iters 2 --no-roofline 2>&1 | grep -E "^decode|^first"
   done
 fi
 

@@ -26,15 +26,20 @@
 namespace kestrel {
 namespace {
 
-// Which attention kernel paged_attention uses (cuda::Tuning::attention_kernel); the CPU-only
+// Which attention kernel paged_attention uses (cuda::Tuning::attention_kernel), whether the
+// last split's block merges the splits, and a forced split count (0: the rule); the CPU-only
 // build skips the tests before they reach it.
-void set_attention_kernel(int which) {
+void set_attention_kernel(int which, bool fused_combine = false, int splits = 0) {
 #ifdef KESTREL_CUDA
   cuda::Tuning t = cuda::tuning();
   t.attention_kernel = which;
+  t.attention_fused_combine = fused_combine;
+  t.attention_splits = splits;
   cuda::set_tuning(t);
 #else
   (void)which;
+  (void)fused_combine;
+  (void)splits;
 #endif
 }
 
@@ -395,15 +400,20 @@ void run_attention_case(const AttnCase& c) {
   const Tensor g_lens = ops::to_device(t_lens, Device::kCuda);
 #ifdef KESTREL_CUDA
   const bool mma_ok = d == 64 || d == 128;
-  // kernel 1: v1, 2: the tensor-core kernel (v3), 0: auto.
+  // kernel 1: v1, 2: the tensor-core kernel (v3), 0: auto. v3's splits merged by their own
+  // kernel (mode 0) or by the last block of a tile (1), and so with 3 splits forced (2). Each
+  // launch after the first finds the counters the one before left (they must be zero again).
   for (int kernel : {1, 2, 0}) {
     if (kernel == 2 && !mma_ok) continue;
-    set_attention_kernel(kernel);
-    for (int32_t mq : {max_q, 0}) {
-      Tensor out = poisoned_gpu(q.shape());
-      ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
-      EXPECT_LE(gpu_error(out, ref), kAttentionBound)
-          << c.name << " kernel " << kernel << " max_q_len " << mq;
+    for (int mode : {0, 1, 2}) {
+      if (kernel == 1 && mode > 0) continue;
+      set_attention_kernel(kernel, mode > 0, mode == 2 ? 3 : 0);
+      for (int32_t mq : {max_q, 0}) {
+        Tensor out = poisoned_gpu(q.shape());
+        ops::paged_attention(gq, gk, gv, g_tables, g_cu, g_lens, max_kv, scale, out, mq, g_slopes);
+        EXPECT_LE(gpu_error(out, ref), kAttentionBound)
+            << c.name << " kernel " << kernel << " mode " << mode << " max_q_len " << mq;
+      }
     }
   }
   set_attention_kernel(0);

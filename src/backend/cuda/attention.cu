@@ -228,11 +228,53 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// Merges the context splits of (token, head) pair th at dims dim0, dim0 + step, ...: every split
+// wrote its normalised partial output and its log2-sum-exp (an empty split: zeros and -inf);
+// out = sum_s 2^(lse_s - max) o_s / sum_s 2^(lse_s - max), in split order. Reads through L2
+// (other blocks of the running kernel may have written the partials).
+__device__ __forceinline__ void merge_pair(const AttentionParams& p, int n_splits,
+                                           const float* o_part, const float* lse_part, int64_t th,
+                                           int dim0, int step) {
+  const int64_t stride = p.n_tokens * p.n_heads;  // between splits
+  const int d = static_cast<int>(p.head_dim);
+  float m = -INFINITY;
+  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, __ldcg(lse_part + s * stride + th));
+  for (int dim = dim0; dim < d; dim += step) {
+    float o = 0.0f, denom = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float lse = __ldcg(lse_part + s * stride + th);
+      const float w = lse == -INFINITY ? 0.0f : exp2f(lse - m);
+      o += w * __ldcg(o_part + (s * stride + th) * d + dim);
+      denom += w;
+    }
+    p.out[th * d + dim] = __bfloat16_as_ushort(__float2bfloat16(denom > 0.0f ? o / denom : 0.0f));
+  }
+}
+
+// The rows of this block's tile (kM rows of v3's (token, query head) pairs of one sequence and
+// K/V head), merged by the block: a warp a row, its lanes over the dims. Everything comes from
+// the block's indices again (nothing of the kernel's body stays live past its loop).
+__device__ __forceinline__ void merge_last_split(const AttentionParams& p, int n_splits,
+                                                 const float* o_part, const float* lse_part,
+                                                 int kM) {
+  const int n_kv_heads = static_cast<int>(p.n_kv_heads);
+  const int b = blockIdx.y / n_kv_heads, g = blockIdx.y % n_kv_heads;
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int q_begin = p.cu_q[b], m_rows = (p.cu_q[b + 1] - q_begin) * group;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kM, rows = min(kM, m_rows - row0);
+  for (int r = threadIdx.x / 32; r < rows; r += blockDim.x / 32) {
+    const int row = row0 + r;
+    const int64_t th = (q_begin + row / group) * p.n_heads + g * group + row % group;
+    merge_pair(p, n_splits, o_part, lse_part, th, threadIdx.x % 32, 32);
+  }
+}
+
 constexpr int kV3Warps = 4;
 
 template <int D, int MF, bool kAlibi, bool kFp8>
 __global__ void __launch_bounds__(kV3Warps * 32)
-    attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part) {
+    attention_v3_kernel(AttentionParams p, int n_splits, float* o_part, float* lse_part,
+                        int* counters) {
   constexpr int NW = kV3Warps;
   pdl_enter();
   constexpr int kV3Threads = NW * 32, kM = 16 * MF * NW, kN = kV3BlockN;
@@ -531,10 +573,10 @@ __global__ void __launch_bounds__(kV3Warps * 32)
     }
   }
   cp_async_wait_all();
-  if (!warp_active) return;
+  if (!warp_active && (n_splits == 1 || counters == nullptr)) return;
 
 #pragma unroll
-  for (int mf = 0; mf < MF; ++mf) {
+  for (int mf = 0; mf < MF && warp_active; ++mf) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       l_i[mf][i] += __shfl_xor_sync(0xffffffffu, l_i[mf][i], 1);
@@ -570,6 +612,19 @@ __global__ void __launch_bounds__(kV3Warps * 32)
       }
     }
   }
+  if (n_splits == 1 || counters == nullptr) return;
+  // The last split of this tile to finish merges every split's partial (in split order, so
+  // the sums repeat) and leaves the counter at zero for the next launch.
+  __shared__ int s_last;
+  __threadfence();
+  __syncthreads();
+  int* counter = counters + blockIdx.y * gridDim.x + blockIdx.x;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1) == n_splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  merge_last_split(p, n_splits, o_part, lse_part, kM);
+  if (threadIdx.x == 0) *counter = 0;
 }
 
 // Merges the splits of each (token, head): every split wrote its partial
@@ -582,21 +637,9 @@ __global__ void attention_combine_kernel(AttentionParams p, int n_splits, const 
                                          const float* lse_part) {
   pdl_enter();
   const int64_t th = int64_t{blockIdx.x} * kCombineRows + threadIdx.y;
-  const int64_t stride = p.n_tokens * p.n_heads;  // between splits
-  if (th >= stride) return;
-  const int d = static_cast<int>(p.head_dim);
-  float m = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) m = fmaxf(m, lse_part[s * stride + th]);
-  for (int dim = threadIdx.x; dim < d; dim += blockDim.x) {
-    float o = 0.0f, denom = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float lse = lse_part[s * stride + th];
-      const float w = lse == -INFINITY ? 0.0f : exp2f(lse - m);
-      o += w * o_part[(s * stride + th) * d + dim];
-      denom += w;
-    }
-    p.out[th * d + dim] = __bfloat16_as_ushort(__float2bfloat16(denom > 0.0f ? o / denom : 0.0f));
-  }
+  if (th >= p.n_tokens * p.n_heads) return;
+  merge_pair(p, n_splits, o_part, lse_part, th, static_cast<int>(threadIdx.x),
+             static_cast<int>(blockDim.x));
 }
 
 // Rows of a tile: 128 (MF = 2) for head_dim 64 when a (sequence, K/V head) problem has more
@@ -609,7 +652,7 @@ int tile_rows(const AttentionParams& p) {
 
 template <int D, int MF, bool kAlibi, bool kFp8>
 void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
-               cudaStream_t s) {
+               int* counters, cudaStream_t s) {
   constexpr int kM = 16 * MF * kV3Warps;
   const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
   const int64_t m_tiles = (static_cast<int64_t>(p.max_q_len) * group + kM - 1) / kM;
@@ -623,29 +666,29 @@ void launch_v3(const AttentionParams& p, int n_splits, float* o_part, float* lse
     configured = true;
   }
   pdl_launch(attention_v3_kernel<D, MF, kAlibi, kFp8>, grid, kV3Warps * 32, smem, s, p, n_splits,
-             o_part, lse_part);
+             o_part, lse_part, counters);
 }
 
 template <int D, int MF>
 void launch_v3_variant(const AttentionParams& p, int n_splits, float* o_part, float* lse_part,
-                       cudaStream_t s) {
+                       int* counters, cudaStream_t s) {
   const bool alibi = p.alibi_slopes != nullptr;
   if (p.kv_fp8) {
-    alibi ? launch_v3<D, MF, true, true>(p, n_splits, o_part, lse_part, s)
-          : launch_v3<D, MF, false, true>(p, n_splits, o_part, lse_part, s);
+    alibi ? launch_v3<D, MF, true, true>(p, n_splits, o_part, lse_part, counters, s)
+          : launch_v3<D, MF, false, true>(p, n_splits, o_part, lse_part, counters, s);
   } else {
-    alibi ? launch_v3<D, MF, true, false>(p, n_splits, o_part, lse_part, s)
-          : launch_v3<D, MF, false, false>(p, n_splits, o_part, lse_part, s);
+    alibi ? launch_v3<D, MF, true, false>(p, n_splits, o_part, lse_part, counters, s)
+          : launch_v3<D, MF, false, false>(p, n_splits, o_part, lse_part, counters, s);
   }
 }
 
 template <int D>
 void launch_v3_rows(const AttentionParams& p, int rows, int n_splits, float* o_part,
-                    float* lse_part, cudaStream_t s) {
+                    float* lse_part, int* counters, cudaStream_t s) {
   if constexpr (D == 64) {
-    if (rows == 128) return launch_v3_variant<D, 2>(p, n_splits, o_part, lse_part, s);
+    if (rows == 128) return launch_v3_variant<D, 2>(p, n_splits, o_part, lse_part, counters, s);
   }
-  launch_v3_variant<D, 1>(p, n_splits, o_part, lse_part, s);
+  launch_v3_variant<D, 1>(p, n_splits, o_part, lse_part, counters, s);
 }
 
 // Splits over the context when the (tile, sequence, K/V head) grid would leave
@@ -686,7 +729,8 @@ size_t attention_workspace_bytes(const AttentionParams& p, int n_sms) {
   return static_cast<size_t>(splits) * p.n_tokens * p.n_heads * (p.head_dim + 1) * sizeof(float);
 }
 
-void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s) {
+void attention_mma(const AttentionParams& p, void* workspace, int* counters, int64_t n_counters,
+                   int n_sms, cudaStream_t s) {
   if (p.n_tokens == 0) return;
   const int rows = tile_rows(p);
   const int splits = workspace ? choose_splits(p, rows, n_sms) : 1;
@@ -694,9 +738,14 @@ void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStr
   float* lse_part =
       splits > 1 ? o_part + static_cast<int64_t>(splits) * p.n_tokens * p.n_heads * p.head_dim
                  : nullptr;
-  p.head_dim == 64 ? launch_v3_rows<64>(p, rows, splits, o_part, lse_part, s)
-                   : launch_v3_rows<128>(p, rows, splits, o_part, lse_part, s);
-  if (splits > 1) {
+  // The merge in the last split's block when a counter a block tile is there, else its own
+  // kernel.
+  const int group = static_cast<int>(p.n_heads / p.n_kv_heads);
+  const int64_t tiles = (static_cast<int64_t>(p.max_q_len) * group + rows - 1) / rows;
+  if (splits == 1 || tiles * p.n_seqs * p.n_kv_heads > n_counters) counters = nullptr;
+  p.head_dim == 64 ? launch_v3_rows<64>(p, rows, splits, o_part, lse_part, counters, s)
+                   : launch_v3_rows<128>(p, rows, splits, o_part, lse_part, counters, s);
+  if (splits > 1 && counters == nullptr) {
     const int64_t pairs = p.n_tokens * p.n_heads;
     pdl_launch(
         attention_combine_kernel, static_cast<unsigned>((pairs + kCombineRows - 1) / kCombineRows),

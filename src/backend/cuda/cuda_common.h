@@ -14,6 +14,16 @@ cudaStream_t stream();
 // Throws when no device is usable; called before the first allocation or launch.
 void ensure_device();
 
+// Counters for kernels whose blocks count their arrivals (the last block of a tile does the
+// tile's final step): kCountersPerSlot ints a slot for the calling thread's stream(), zero when
+// made (at first use, which must come before any graph capture that uses them), and every kernel
+// that uses them leaves them zero. One slot a kernel family: launches on one stream run one
+// after another.
+enum class CounterSlot { kAttention = 0, kDecodeGemm = 1 };
+constexpr int kCounterSlots = 2;
+constexpr int kCountersPerSlot = 16384;
+int* stream_counters(CounterSlot slot);
+
 }  // namespace kestrel::cuda
 
 #define CUDA_CHECK(call)                                                                        \

@@ -350,7 +350,10 @@ void paged_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
     Tensor ws;
     if (ws_bytes > 0)
       ws = Tensor::empty(DType::kU8, {static_cast<int64_t>(ws_bytes)}, Device::kCuda);
-    kernels::attention_mma(p, ws_bytes > 0 ? ws.raw() : nullptr, sms, stream());
+    const bool fused = tuning().attention_fused_combine;
+    kernels::attention_mma(p, ws_bytes > 0 ? ws.raw() : nullptr,
+                           fused ? stream_counters(CounterSlot::kAttention) : nullptr,
+                           fused ? kCountersPerSlot : 0, sms, stream());
   } else {
     KESTREL_CHECK(which != 2,
                   "paged_attention (cuda): the tensor-core kernel needs head_dim 64 "

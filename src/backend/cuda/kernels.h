@@ -199,10 +199,13 @@ void attention_generic(const AttentionParams& p, cudaStream_t s);
 // query head of the group) pairs of one sequence and K/V head, so each K/V tile is
 // read once for the whole group. head_dim 64 or 128. Splits the context over
 // blocks (flash-decoding) when the grid would be small; scratch is then needed:
-// workspace of attention_workspace_bytes(p) bytes.
+// workspace of attention_workspace_bytes(p) bytes. The splits are merged by the last block of
+// each tile to finish when counters (n_counters ints, zero; left zero) has one for every
+// (tile, sequence, K/V head), else by a kernel of their own.
 bool attention_mma_supported(const AttentionParams& p);
 size_t attention_workspace_bytes(const AttentionParams& p, int n_sms);
-void attention_mma(const AttentionParams& p, void* workspace, int n_sms, cudaStream_t s);
+void attention_mma(const AttentionParams& p, void* workspace, int* counters, int64_t n_counters,
+                   int n_sms, cudaStream_t s);
 
 // --- LoRA (lora.cu) -----------------------------------------------------------
 // One segment of ops::lora_add in the device-side table: rows [begin, end) of x and out,

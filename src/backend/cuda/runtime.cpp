@@ -26,6 +26,7 @@ cudaStream_t main_stream();
 struct Side {
   cudaStream_t stream = nullptr;
   cudaEvent_t main_done = nullptr;  // recorded on the main stream at each allocation
+  int* counters = nullptr;          // stream_counters of this stream, made at first use
 };
 thread_local Side t_side;
 
@@ -274,6 +275,28 @@ cudaStream_t stream() {
   return t_side.stream ? t_side.stream : main_stream();
 }
 
+namespace {
+int* new_counters(cudaStream_t s) {
+  void* p = nullptr;
+  const size_t bytes = sizeof(int) * kCounterSlots * kCountersPerSlot;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s));
+  return static_cast<int*>(p);
+}
+}  // namespace
+
+int* stream_counters(CounterSlot slot) {
+  int* base = nullptr;
+  if (t_side.stream) {
+    if (!t_side.counters) t_side.counters = new_counters(t_side.stream);
+    base = t_side.counters;
+  } else {
+    static int* main_counters = new_counters(main_stream());  // held for the process
+    base = main_counters;
+  }
+  return base + static_cast<int>(slot) * kCountersPerSlot;
+}
+
 SideStream::SideStream() {
   KESTREL_CHECK(t_side.stream == nullptr, "SideStream: this thread is in one already");
   ensure_device();
@@ -288,6 +311,7 @@ SideStream::SideStream() {
 
 SideStream::~SideStream() {
   (void)cudaStreamSynchronize(t_side.stream);
+  if (t_side.counters) cudaFree(t_side.counters);
   cudaEventDestroy(t_side.main_done);
   cudaStreamDestroy(t_side.stream);
   t_side = Side{};

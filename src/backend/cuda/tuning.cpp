@@ -29,6 +29,7 @@ Tuning Tuning::from_environment() {
     t.attention_kernel = static_cast<int>(std::clamp<int64_t>(*v, 0, 2));
   if (auto v = env_int("KESTREL_ATTN_SPLITS"))
     t.attention_splits = static_cast<int>(std::clamp<int64_t>(*v, 0, 32));
+  if (auto v = env_int("KESTREL_ATTN_FUSED_COMBINE")) t.attention_fused_combine = *v != 0;
   if (auto v = env_int("KESTREL_GEMV")) t.gemv = static_cast<int>(std::clamp<int64_t>(*v, -1, 4));
   if (auto v = env_int("KESTREL_GEMM_SPLIT_K"))
     t.gemm_split_k = static_cast<int>(std::clamp<int64_t>(*v, 0, 16));

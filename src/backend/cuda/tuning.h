@@ -16,6 +16,9 @@ struct Tuning {
   // KESTREL_ATTN_SPLITS: 0 the measured rule for splitting the context over blocks
   // (flash-decoding: only while the grid leaves half the multiprocessors idle), N > 0 forces N.
   int attention_splits = 0;
+  // KESTREL_ATTN_FUSED_COMBINE: 1 the context splits merged by the last block of each tile to
+  // finish (one launch fewer a layer), 0 by a kernel of their own.
+  bool attention_fused_combine = false;
   // Linears of 1..8 rows (gemm.cpp, gemv.cu). KESTREL_GEMV: -1 the GEMV (variant 4) where it
   // measured faster (1 row; 2 rows below k 16384) and applies, 0 cuBLASLt only, 1..4 that GEMV
   // variant for every 1..8 rows.
