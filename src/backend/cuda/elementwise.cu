@@ -224,6 +224,12 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// The grid of 256-thread blocks for gelu_kernel and add_kernel: a thread a 16-byte chunk where
+// their vector path applies (n % 8 == 0), else a thread an element.
+unsigned vec8_grid(int64_t n) {
+  return grid_for(n % 8 == 0 ? n / 8 : n, 256);
+}
+
 }  // namespace
 
 void to_bf16(const void* src, int src_kind, uint16_t* dst, int64_t n, cudaStream_t s) {
@@ -264,8 +270,7 @@ void embedding(const int32_t* ids, const uint16_t* table, int64_t n_tokens, int6
 
 void gelu(uint16_t* x, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  // A thread a 16-byte chunk where the vector path applies (a thread an element otherwise).
-  pdl_launch(gelu_kernel, grid_for(n % 8 == 0 ? n / 8 : n, 256), 256, 0, s, x, n);
+  pdl_launch(gelu_kernel, vec8_grid(n), 256, 0, s, x, n);
 }
 
 void add_bias(void* out, bool f32_out, const uint16_t* bias, int64_t rows, int64_t cols,
@@ -278,7 +283,7 @@ void add_bias(void* out, bool f32_out, const uint16_t* bias, int64_t rows, int64
 void add(const uint16_t* a, const uint16_t* b, const uint16_t* c, uint16_t* out, int64_t n,
          cudaStream_t s) {
   if (n == 0) return;
-  pdl_launch(add_kernel, grid_for(n % 8 == 0 ? n / 8 : n, 256), 256, 0, s, a, b, c, out, n);
+  pdl_launch(add_kernel, vec8_grid(n), 256, 0, s, a, b, c, out, n);
 }
 
 void gather_rows(const void* x, const int32_t* idx, int64_t n, int64_t n_rows, int64_t row_bytes,

@@ -12,6 +12,25 @@
 namespace kestrel::cuda::kernels {
 namespace {
 
+// Where head slot `slot` of K/V head g of token t goes (slots 0..group-1 the group's query
+// heads, then k, then v): q, k, v, or with a cache k / v's cache slot; p null when the token's
+// cache slot is outside the cache (nothing is written).
+__device__ __forceinline__ RowOut head_slot_out(int64_t t, int64_t g, int64_t slot, int64_t group,
+                                                int64_t n_heads, int64_t n_kv_heads,
+                                                int64_t head_dim, uint16_t* q, uint16_t* k,
+                                                uint16_t* v, const KvSlots& cache) {
+  if (slot < group) return {q + (t * n_heads + g * group + slot) * head_dim, false};
+  if (cache.k_cache == nullptr)
+    return {(slot == group ? k : v) + (t * n_kv_heads + g) * head_dim, false};
+  const int64_t cs = cache.slots[t];
+  if (cs < 0 || cs >= cache.n_slots) return {nullptr, false};
+  const int64_t at = (cs * n_kv_heads + g) * head_dim;  // elements
+  void* base = slot == group ? cache.k_cache : cache.v_cache;
+  return {cache.fp8 ? static_cast<void*>(static_cast<uint8_t*>(base) + at)
+                    : static_cast<void*>(static_cast<uint16_t*>(base) + at),
+          cache.fp8};
+}
+
 // grid (T, ceil(n_kv_heads * (group + 2) / 8)), block (32, 8): threadIdx.y picks
 // the head slot, thread x of a head rotates the pairs (i, i + d/2), i = x, x + 32...
 __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const float* sin,
@@ -24,21 +43,9 @@ __global__ void qkv_rotary_kernel(const uint16_t* qkv, const float* cos, const f
   if (hs >= n_kv_heads * (group + 2)) return;
   const int64_t g = hs / (group + 2), slot = hs % (group + 2);
   const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + hs * head_dim;
-  // Where this K/V head's row goes: k, v, or its cache slot (skipped outside the cache).
-  RowOut dst{nullptr, false};
-  if (slot < group) {
-    dst.p = q + (t * n_heads + g * group + slot) * head_dim;
-  } else if (cache.k_cache != nullptr) {
-    const int64_t cs = cache.slots[t];
-    if (cs < 0 || cs >= cache.n_slots) return;
-    const int64_t at = (cs * n_kv_heads + g) * head_dim;  // elements
-    void* base = slot == group ? cache.k_cache : cache.v_cache;
-    dst = {cache.fp8 ? static_cast<void*>(static_cast<uint8_t*>(base) + at)
-                     : static_cast<void*>(static_cast<uint16_t*>(base) + at),
-           cache.fp8};
-  } else {
-    dst.p = (slot == group ? k : v) + (t * n_kv_heads + g) * head_dim;
-  }
+  const RowOut dst =
+      head_slot_out(t, g, slot, group, n_heads, n_kv_heads, head_dim, q, k, v, cache);
+  if (dst.p == nullptr) return;
   if (cos == nullptr || slot == group + 1) {  // no rotation (V; ALiBi models): a copy
     for (int64_t i = threadIdx.x; i < head_dim; i += blockDim.x) dst.put(i, ld_bf16(src, i));
     return;
@@ -67,21 +74,9 @@ __global__ void qkv_rotary_vec_kernel(const uint16_t* qkv, const float* cos, con
   if (hs >= n_kv_heads * (group + 2)) return;
   const int64_t g = hs / (group + 2), slot = hs % (group + 2);
   const uint16_t* src = qkv + t * (n_heads + 2 * n_kv_heads) * head_dim + hs * head_dim;
-  void* dst = nullptr;
-  bool fp8 = false;
-  if (slot < group) {
-    dst = q + (t * n_heads + g * group + slot) * head_dim;
-  } else if (cache.k_cache != nullptr) {
-    const int64_t cs = cache.slots[t];
-    if (cs < 0 || cs >= cache.n_slots) return;
-    const int64_t at = (cs * n_kv_heads + g) * head_dim;  // elements
-    void* base = slot == group ? cache.k_cache : cache.v_cache;
-    fp8 = cache.fp8;
-    dst = fp8 ? static_cast<void*>(static_cast<uint8_t*>(base) + at)
-              : static_cast<void*>(static_cast<uint16_t*>(base) + at);
-  } else {
-    dst = (slot == group ? k : v) + (t * n_kv_heads + g) * head_dim;
-  }
+  const RowOut dst =
+      head_slot_out(t, g, slot, group, n_heads, n_kv_heads, head_dim, q, k, v, cache);
+  if (dst.p == nullptr) return;
   const uint4 a = *reinterpret_cast<const uint4*>(src + i0);
   const uint4 b = *reinterpret_cast<const uint4*>(src + half + i0);
   const auto* ha = reinterpret_cast<const __nv_bfloat16*>(&a);
@@ -106,14 +101,14 @@ __global__ void qkv_rotary_vec_kernel(const uint16_t* qkv, const float* cos, con
       hi[e] = x2 * c[e] + x1 * sn[e];
     }
   }
-  if (fp8) {
+  if (dst.fp8) {
     uint8_t ol[8], oh[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       ol[e] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(lo[e], __NV_SATFINITE, __NV_E4M3));
       oh[e] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(hi[e], __NV_SATFINITE, __NV_E4M3));
     }
-    uint8_t* d8 = static_cast<uint8_t*>(dst);
+    uint8_t* d8 = static_cast<uint8_t*>(dst.p);
     *reinterpret_cast<uint2*>(d8 + i0) = *reinterpret_cast<const uint2*>(ol);
     *reinterpret_cast<uint2*>(d8 + half + i0) = *reinterpret_cast<const uint2*>(oh);
     return;
@@ -126,7 +121,7 @@ __global__ void qkv_rotary_vec_kernel(const uint16_t* qkv, const float* cos, con
     bl[e] = __float2bfloat16(lo[e]);
     bh[e] = __float2bfloat16(hi[e]);
   }
-  uint16_t* d16 = static_cast<uint16_t*>(dst);
+  uint16_t* d16 = static_cast<uint16_t*>(dst.p);
   *reinterpret_cast<uint4*>(d16 + i0) = ol;
   *reinterpret_cast<uint4*>(d16 + half + i0) = oh;
 }
