@@ -1,8 +1,9 @@
 // The CUDA kernels at falcon-7b's shapes, timed with Google Benchmark (manual time: the device's
 // work between two synchronisations): paged attention (the tensor-core v3 against the generic
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
-// and one decode step's LoRA work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|Lora]
+// the linears of 4-128 rows (cuBLASLt against the wgmma decode GEMM), and one decode step's LoRA
+// work beside the base linears. Counters give TFLOP/s or TB/s.
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|DecodeGemm|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -151,6 +152,36 @@ void BM_Linear(benchmark::State& state) {
 BENCHMARK(BM_Linear)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {1, 2, 4, 8}, {0, 1, 2, 3, 4, 5, 6}})
     ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Args: shape index, rows, mode (0 cuBLASLt, 1 the wgmma decode GEMM). Each timed iteration is
+// 8 launches back to back, as in a forward (the per-launch time is reported).
+void BM_DecodeGemm(benchmark::State& state) {
+  const LinearShape& sh = kLinear[state.range(0)];
+  const int mode = static_cast<int>(state.range(2));
+  state.SetLabel(std::string(sh.name) + (mode == 0 ? ", cublaslt" : ", decode gemm"));
+  LinearOperands op(sh, state.range(1));
+  with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
+  constexpr int kLaunches = 8;
+  int64_t i = 0;
+  for (int w = 0; w < 3; ++w) op.run(++i);
+  ops::synchronize(Device::kCuda);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLaunches; ++l) op.run(++i);
+    ops::synchronize(Device::kCuda);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
+  }
+  with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, -1);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
+  op.count(state);
+}
+BENCHMARK(BM_DecodeGemm)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {4, 16, 32, 64, 128}, {0, 1}})
+    ->UseManualTime()
+    ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);
 
 // One decode step's LoRA work at falcon-7b's shapes: 4 modules x 32 layers, `batch` rows (one a

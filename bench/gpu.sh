@@ -15,6 +15,9 @@
 #   ncu          per-kernel device times of a 2-layer falcon-7b step (ncu, clocks untouched)
 #   memcheck     compute-sanitizer over the op tests and the graph tests (MEMCHECK_FILTER)
 #   lora         the LoRA fixtures through `kestrel logits --device cuda` (lora_cuda_check.py)
+#   gemm         the wgmma decode GEMM (KESTREL_DECODE_GEMM): the linear op test, its timings
+#                against cuBLASLt, then kestrel bench at decode batch 4-128 and a 128-token first
+#                token with it and without (GEMM_BENCH_ARGS)
 # Engine and server:
 #   generate     `generate --device cuda` against `--device cpu` on the e2e fixture, and logits
 #   serve        `kestrel serve --device cuda` on a random falcon-7b folder written on the
@@ -74,6 +77,21 @@ fi
 if has timing; then
   timeout 300 ./$BIN/cuda_ops_bench --benchmark_filter="${TIMING_FILTER:-.}" >"$OUT/timing.log" 2>&1
   echo "timing rc=$?"; grep -E "^BM_" "$OUT/timing.log" | head -150
+fi
+if has gemm; then
+  timeout 120 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*' >"$OUT/gemm-test.log" 2>&1
+  rc=$?; echo "linear rc=$rc"; grep -E "PASSED|FAILED|Failure|decode gemm" "$OUT/gemm-test.log" | head -20
+  [ $rc -eq 0 ] || [ -n "${GEMM_ANYWAY:-}" ] || STEPS=none
+fi
+if has gemm; then
+  timeout 150 ./$BIN/cuda_ops_bench --benchmark_filter='DecodeGemm' >"$OUT/gemm-timing.log" 2>&1
+  echo "timing rc=$?"; grep -E "^BM_" "$OUT/gemm-timing.log" | sed 's/min_time:0.050.manual_time//' | head -60
+  for e in 0 1 0 1; do
+    echo "== KESTREL_DECODE_GEMM=$e"
+    KESTREL_DECODE_GEMM=$e timeout 90 ./$BIN/kestrel bench --device cuda --preset falcon-7b \
+      ${GEMM_BENCH_ARGS:---prefill 1x16 --decode 4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 --iters 2 --no-roofline} \
+      2>&1 | grep -E "^decode|^first|^prefill|rror"
+  done
 fi
 if has ncu; then
   for shape in "--prefill 1x2048 --decode 1x1x1" "--prefill 1x1 --decode 1x128x3" "--prefill 1x1 --decode 128x128x3"; do

@@ -1,5 +1,5 @@
-// ops::linear on CUDA against the CPU op: the GEMV of 1..8 rows (each variant) and cuBLASLt
-// (decode batches of 9..64 rows among its cases), with and without bias, the GELU / accumulate
+// ops::linear on CUDA against the CPU op: the GEMV of 1..8 rows (each variant), the wgmma decode
+// GEMM of 3..128 rows and cuBLASLt, with and without bias, the GELU / accumulate
 // epilogues, bf16 and f32 out, k not a multiple of 8 (cuBLASLt then); fresh random bf16-rounded
 // inputs, outputs poisoned (NaN) or, for accumulate, random. Timing: bench/cuda_ops_bench.cpp.
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/ops.h"
@@ -25,15 +26,18 @@ using namespace test;  // NOLINT(google-build-using-namespace): the shared test 
 
 constexpr double kLinearBound = 1e-2;
 
-// The GEMV variant linear uses (-1: its own choice, 0: cuBLASLt); only the CUDA build has the
-// switch, and the CPU-only build skips these tests before they reach it.
-void set_gemv_mode(int mode) {
+// The GEMV variant linear uses (-1: its own choice, 0: none) and the decode GEMM's (0: none, so
+// cuBLASLt); only the CUDA build has the switches, and the CPU-only build skips these tests
+// before they reach them.
+void set_modes(int gemv, int decode_gemm) {
 #ifdef KESTREL_CUDA
   cuda::Tuning t = cuda::tuning();
-  t.gemv = mode;
+  t.gemv = gemv;
+  t.decode_gemm = decode_gemm;
   cuda::set_tuning(t);
 #else
-  (void)mode;
+  (void)gemv;
+  (void)decode_gemm;
 #endif
 }
 
@@ -106,8 +110,10 @@ std::vector<Case> cases() {
   v.push_back({128, 18176, 4544, false, false, false, true, true});
   v.push_back({40, 256, 1000, true, false, false, true, true});
   v.push_back({40, 256, 1000, true, false, true, true, true});
-  // Decode batches of 9..64 rows (cuBLASLt), each epilogue, k % 32 != 0, n not a multiple of 8.
-  for (int64_t n : {9, 12, 16, 17, 24, 31, 32, 33, 48, 57, 64}) {
+  // Decode batches of 9..128 rows: the decode GEMM's x tiles (16, 32, 64, 128 rows) full and
+  // partial, k with a partial last 64-k slice, n not a multiple of its 128-row tiles, k split
+  // (4544 -> 4672) and not, each epilogue.
+  for (int64_t n : {9, 12, 16, 17, 24, 31, 32, 33, 48, 57, 64, 65, 100, 128}) {
     v.push_back({n, 4544, 4672, n % 2 == 0, false, false, false});
     v.push_back({n, 1000, 777, true, n % 3 == 0, n % 2 == 1, n % 3 == 2});
     v.push_back({n, 264, 65, n % 2 == 1, false, n % 2 == 0, n % 3 == 0, n % 3 == 0});
@@ -115,6 +121,8 @@ std::vector<Case> cases() {
   v.push_back({32, 18176, 4544, true, false, false, true, true});  // fc2 + residual, batch 32
   v.push_back({64, 4544, 18176, true, false, true, false});        // fc1 + GELU, batch 64
   v.push_back({24, 4544, 65024, false, true, false, false});       // lm_head (f32 logits)
+  v.push_back({128, 4544, 4672, true, false, false, false});       // qkv, 128-token prompt
+  v.push_back({96, 18176, 4544, true, false, false, true, true});  // fc2 + residual, k split
   v.push_back({5, 8, 5, true, true, true, true});                  // one chunk per row
   return v;
 }
@@ -123,15 +131,20 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
   REQUIRE_GPU();
   for (const Case& c : cases()) {
     const Prepared p = prepare(c);  // the CPU's result once, for every mode
-    for (int mode : {-1, 0, 1, 3, 4, 5, 6}) {
-      set_gemv_mode(mode);
+    // (GEMV mode, decode GEMM mode): the automatic choice, cuBLASLt alone, each GEMV variant,
+    // the decode GEMM for every row count it takes (3..128; 1..2 stay with the GEMV).
+    for (const auto& [gemv, decode] :
+         {std::pair{-1, 0}, std::pair{0, 0}, std::pair{1, 0}, std::pair{3, 0}, std::pair{4, 0},
+          std::pair{5, 0}, std::pair{6, 0}, std::pair{0, 1}}) {
+      set_modes(gemv, decode);
       const double err = check(c, p);
-      EXPECT_LE(err, kLinearBound) << "mode " << mode << ": " << c.n << "x" << c.in << "->" << c.out
-                                   << " bias " << c.bias << " f32 " << c.f32_out << " gelu "
-                                   << c.gelu << " acc " << c.accumulate << " addend " << c.addend;
+      EXPECT_LE(err, kLinearBound)
+          << "gemv " << gemv << " decode gemm " << decode << ": " << c.n << "x" << c.in << "->"
+          << c.out << " bias " << c.bias << " f32 " << c.f32_out << " gelu " << c.gelu << " acc "
+          << c.accumulate << " addend " << c.addend;
     }
   }
-  set_gemv_mode(-1);
+  set_modes(-1, 0);
 }
 
 }  // namespace

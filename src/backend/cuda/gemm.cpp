@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 #include <tuple>
 
 #include <cublasLt.h>
@@ -73,6 +74,35 @@ Gemm& gemm() {
     return st;
   }();
   return *g;
+}
+
+// The decode GEMM's workspace for stream s, made at its first use there (outside any capture:
+// the eager run before a capture makes it) and held for the process.
+const kernels::DecodeGemmWorkspace& decode_gemm_workspace(cudaStream_t s) {
+  struct Held {
+    Tensor partial, counters;
+    kernels::DecodeGemmWorkspace ws;
+  };
+  static std::mutex mu;
+  static auto* held = new std::map<cudaStream_t, Held>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = held->find(s);
+  if (it != held->end()) return it->second.ws;
+  Held h;
+  int dev = 0, major = 0, minor = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&h.ws.sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  h.ws.sm90 = major == 9 && minor == 0;
+  h.ws.partial_floats = kernels::decode_gemm_workspace_floats(h.ws.sms);
+  h.ws.n_counters = int64_t{4} * h.ws.sms;
+  h.partial = Tensor::empty(DType::kF32, {h.ws.partial_floats}, Device::kCuda);
+  h.counters = Tensor::empty(DType::kI32, {h.ws.n_counters}, Device::kCuda);
+  h.ws.partial = h.partial.data<float>();
+  h.ws.counters = h.counters.data<int32_t>();
+  CUDA_CHECK(cudaMemsetAsync(h.ws.counters, 0, sizeof(int32_t) * h.ws.n_counters, s));
+  return held->emplace(s, std::move(h)).first->second.ws;
 }
 
 // Column-major view of the row-major problem: out^T [n_out, T] =
@@ -376,6 +406,22 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
                   out.dtype() == DType::kF32, variant, stream());
     CUDA_CHECK_LAUNCH();
     return;
+  }
+  if (tuning().decode_gemm > 0 && n_tokens >= 3 &&
+      kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw())) {
+    const bool launched = kernels::decode_gemm(
+        x.data<uint16_t>(), weight.data<uint16_t>(),
+        bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
+        epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
+        out.raw(), out.dtype() == DType::kF32, decode_gemm_workspace(stream()), stream());
+    CUDA_CHECK_LAUNCH();
+    if (launched) return;
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      spdlog::warn(
+          "linear (cuda): the decode GEMM did not launch here (card or tensor map); "
+          "cuBLASLt takes its shapes");
+    });
   }
   linear_cublas(x, weight, bias, out, epilogue);
 }

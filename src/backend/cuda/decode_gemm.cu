@@ -1,0 +1,435 @@
+// The linear of decode batches and short prompts (3..128 rows) on Hopper's tensor cores:
+// out [M, N] = epilogue(x [M, K] @ w [N, K]^T + bias), bf16 in, fp32 sums. Bound by streaming w
+// once (2 M FLOP a 2-byte weight), so the kernel is built around that stream:
+// - Operands swap roles: a tile is 128 rows of w (two warpgroups' wgmma M of 64) by all M rows
+//   of x (the wgmma N, 16..128), so a decode batch never pads w.
+// - Warpgroup 0's first thread streams 64-k slices of the w tile and of x into shared memory
+//   with the tensor memory accelerator (TMA, 128-byte swizzle, zero fill past the edges), up to
+//   8 stages deep; warpgroups 1 and 2 multiply each stage with wgmma straight from shared memory
+//   and hand it back through an mbarrier, so loads of later stages overlap the math.
+// - Persistent: one block a multiprocessor loops over units (a tile and a split of its k), so
+//   the stream never stops between units. k is split where few tiles would leave
+//   multiprocessors idle (qkv's 37 tiles over 132 multiprocessors); each split writes its fp32
+//   partial to a workspace and the last split of a tile to arrive (a counter a tile, reset by
+//   it) sums the partials in split order (deterministic) and applies the epilogue.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/linear_util.cuh"
+#include "backend/cuda/pdl.cuh"
+
+// wgmma is sm_90a only; the compute_90 PTX carries an empty kernel that is never launched
+// (decode_gemm_supported asks for the sm_90a build's card).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KESTREL_WGMMA 1
+#endif
+
+namespace kestrel::cuda::kernels {
+namespace {
+
+constexpr int kTileN = 128;    // rows of w a tile: two warpgroups of 64
+constexpr int kTileK = 64;     // k a stage: 128 bytes of bf16, a swizzle row
+constexpr int kThreads = 384;  // warpgroup 0 loads, 1 and 2 multiply
+constexpr int kConsumerThreads = 256;
+constexpr int kWBytes = kTileN * kTileK * 2;  // 16 KB of w a stage
+constexpr int kSmemLimit = 227 * 1024;        // a block's dynamic shared memory on sm_90
+constexpr int kMaxStages = 8;
+
+// NT: the rows of x a tile holds (16, 32, 64 or 128; x has M <= NT rows, the rest zero-filled).
+template <int NT>
+struct Cfg {
+  static constexpr int kXBytes = NT * kTileK * 2;
+  static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024: swizzle atoms
+  static constexpr int kStages = std::min(kMaxStages, (kSmemLimit - 2048) / kStageBytes);
+  // Stages, the barriers (full and empty a stage, a flag) and 1024 bytes to align the start.
+  static constexpr int kSmem = kStages * kStageBytes + 16 * kStages + 16 + 1024;
+  static constexpr int kSub = NT < 64 ? NT : 64;  // x rows of one wgmma (its N)
+  static constexpr int kSubs = NT / kSub;
+  static constexpr int kTile = kTileN * NT;  // floats of a partial tile
+};
+
+struct GemmArgs {
+  const uint16_t* bias;  // [n] or null
+  int64_t m, n;
+  int k_tiles, splits, units;
+  bool gelu, accumulate, f32_out;
+  const uint16_t* addend;  // [m, n] or null
+  void* out;
+  float* partial;  // the splits' partial tiles
+  int* counters;   // one a tile, zero between launches
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#ifdef KESTREL_WGMMA
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Until the phase of `parity` has completed (a fresh barrier's phase "1" counts as completed).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  }
+}
+
+// Box (k0, row0) of a 2-D tensor map into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint64_t* bar, int k0,
+                                         int row0) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
+      "{%2, %3}], [%4];" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(k0), "r"(row0), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// A wgmma operand in shared memory: rows of 128 bytes (64 k), 128-byte swizzle, 8-row groups
+// 1024 bytes apart; the start moves 32 bytes a 16-k step inside the swizzle atom.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{16 >> 4} << 16) |
+         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+
+// The consumer warpgroups only (barrier 1; 0 is __syncthreads).
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+}
+
+// d [64 x 16] (+)= a [64 x 16] b [16 x 16]^T, both from shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n16(float (&d)[8], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7"
+      "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// d [64 x 32] (+)= a [64 x 16] b [16 x 32]^T, both from shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// d [64 x 64] (+)= a [64 x 16] b [16 x 64]^T, both from shared memory (descriptors).
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t a, uint64_t b) {
+  if constexpr (N == 16) {
+    wgmma_n16(d, a, b, 1);
+  } else if constexpr (N == 32) {
+    wgmma_n32(d, a, b, 1);
+  } else {
+    wgmma_n64(d, a, b, 1);
+  }
+}
+#endif  // KESTREL_WGMMA
+
+// x's and w's tensor maps, then the launch's arguments. Block: 3 warpgroups (above).
+template <int NT>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_gemm_kernel(const __grid_constant__ CUtensorMap w_map,
+                       const __grid_constant__ CUtensorMap x_map, const GemmArgs a) {
+#ifdef KESTREL_WGMMA
+  using C = Cfg<NT>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  auto* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes);
+  uint64_t* empty = full + C::kStages;
+  int* last_flag = reinterpret_cast<int*>(empty + C::kStages);
+  const int t = static_cast<int>(threadIdx.x), wg = t / 128;
+  if (t == 0) {
+    for (int s = 0; s < C::kStages; ++s) {
+      mbar_init(&full[s], 1);   // the producer's arrive, plus the bytes of the stage
+      mbar_init(&empty[s], 8);  // each consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_enter();
+
+  if (wg == 0) {  // the producer: one thread issues every load
+    if (t != 0) return;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int u = static_cast<int>(blockIdx.x); u < a.units; u += static_cast<int>(gridDim.x)) {
+      const int tile = u / a.splits, split = u % a.splits;
+      const int kb = split * a.k_tiles / a.splits, ke = (split + 1) * a.k_tiles / a.splits;
+      for (int kt = kb; kt < ke; ++kt) {
+        mbar_wait(&empty[stage], phase ^ 1);
+        uint8_t* st = smem + stage * C::kStageBytes;
+        mbar_expect_tx(&full[stage], C::kStageBytes);
+        tma_load(st, &w_map, &full[stage], kt * kTileK, tile * kTileN);
+        tma_load(st + kWBytes, &x_map, &full[stage], kt * kTileK, 0);
+        if (++stage == C::kStages) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  // Consumers: warpgroup cw takes rows [64 cw, 64 cw + 64) of the tile.
+  const int cw = wg - 1, warp = (t / 32) % 4, lane = t % 32;
+  const int ct = t - 128;  // 0..255 among the consumers
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int u = static_cast<int>(blockIdx.x); u < a.units; u += static_cast<int>(gridDim.x)) {
+    const int tile = u / a.splits, split = u % a.splits;
+    const int kb = split * a.k_tiles / a.splits, ke = (split + 1) * a.k_tiles / a.splits;
+    float acc[C::kSubs][C::kSub / 2];
+#pragma unroll
+    for (int s = 0; s < C::kSubs; ++s)
+#pragma unroll
+      for (int i = 0; i < C::kSub / 2; ++i) acc[s][i] = 0.0f;
+    for (int kt = kb; kt < ke; ++kt) {
+      mbar_wait(&full[stage], phase);
+      const uint32_t w_s = smem_u32(smem + stage * C::kStageBytes) + cw * 64 * 128;
+      const uint32_t x_s = smem_u32(smem + stage * C::kStageBytes + kWBytes);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kTileK / 16; ++kk) {
+        const uint64_t da = smem_desc(w_s + kk * 32);
+#pragma unroll
+        for (int s = 0; s < C::kSubs; ++s)
+          wgmma<C::kSub>(acc[s], da, smem_desc(x_s + s * 64 * 128 + kk * 32));
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      if (lane == 0) mbar_arrive(&empty[stage]);
+      if (++stage == C::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // Accumulator i of sub s: tile row cw * 64 + warp * 16 + lane / 4 + 8 (i % 4 / 2) (a row of
+    // w, so a column of out), x row s * 64 + 8 (i / 4) + 2 (lane % 4) + i % 2.
+    const int64_t row0 = int64_t{tile} * kTileN;
+    const int r_base = cw * 64 + warp * 16 + lane / 4;
+    if (a.splits == 1) {
+#pragma unroll
+      for (int s = 0; s < C::kSubs; ++s)
+#pragma unroll
+        for (int i = 0; i < C::kSub / 2; ++i) {
+          const int64_t row = row0 + r_base + 8 * ((i % 4) / 2);
+          const int64_t col = s * 64 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+          if (row >= a.n || col >= a.m) continue;
+          const float b = a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f;
+          store_epilogue(acc[s][i] + b, a.gelu, a.accumulate, a.addend, a.out, a.f32_out,
+                         col * a.n + row);
+        }
+      continue;
+    }
+    float* mine = a.partial + (int64_t{tile} * a.splits + split) * C::kTile;
+#pragma unroll
+    for (int s = 0; s < C::kSubs; ++s)
+#pragma unroll
+      for (int i = 0; i < C::kSub / 2; ++i) {
+        const int r = r_base + 8 * ((i % 4) / 2);
+        const int col = s * 64 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
+        mine[col * kTileN + r] = acc[s][i];
+      }
+    __threadfence();
+    consumer_sync();
+    if (ct == 0) *last_flag = atomicAdd(&a.counters[tile], 1) == a.splits - 1;
+    consumer_sync();
+    if (*last_flag) {
+      __threadfence();
+      const float* parts = a.partial + int64_t{tile} * a.splits * C::kTile;
+      const int valid = static_cast<int>(min(a.m, int64_t{NT})) * kTileN;
+      for (int e = ct; e < valid; e += kConsumerThreads) {
+        const int64_t col = e / kTileN, row = row0 + e % kTileN;
+        if (row >= a.n) continue;
+        float y = a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f;
+        for (int sp = 0; sp < a.splits; ++sp) y += __ldcg(parts + sp * C::kTile + e);  // L2
+        store_epilogue(y, a.gelu, a.accumulate, a.addend, a.out, a.f32_out, col * a.n + row);
+      }
+      if (ct == 0) a.counters[tile] = 0;  // ready for the next launch (and a graph's replay)
+    }
+    consumer_sync();  // every consumer has read the flag before the next unit writes it
+  }
+#endif  // KESTREL_WGMMA
+}
+
+// cuTensorMapEncodeTiled from the driver (through the runtime: no link to libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A row-major bf16 matrix [rows, k] as boxes of box_rows x 64 k, 128-byte swizzled.
+bool make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int box_rows) {
+  const auto fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(k) * 2};
+  const cuuint32_t box[2] = {kTileK, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides, box,
+            elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The split count: the fewest k-tiles the busiest block streams (waves of units times a unit's
+// k-tiles), a split costing about two k-tiles more (its partial and the fixup); ties to fewer.
+int choose_splits(int64_t tiles, int k_tiles, int sms, int64_t max_partial_floats,
+                  int64_t tile_floats, int64_t n_counters) {
+  if (tiles > n_counters) return 1;
+  int best = 1;
+  int64_t best_cost = ((tiles + sms - 1) / sms) * k_tiles;
+  for (int s = 2; s <= std::min(16, k_tiles); ++s) {
+    if (tiles * s * tile_floats > max_partial_floats) break;
+    const int64_t waves = (tiles * s + sms - 1) / sms;
+    const int64_t cost = waves * ((k_tiles + s - 1) / s) + 2;
+    if (cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+template <int NT>
+bool launch(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t m, int64_t n,
+            int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
+            const DecodeGemmWorkspace& ws, cudaStream_t s) {
+  using C = Cfg<NT>;
+  auto* kernel = decode_gemm_kernel<NT>;
+  {                                         // once a device, before any capture needs it
+    static std::atomic<uint64_t> opted{0};  // a bit a device
+    int dev = 0;
+    cudaGetDevice(&dev);
+    const uint64_t bit = uint64_t{1} << (dev & 63);
+    if (!(opted.load(std::memory_order_acquire) & bit)) {
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem) !=
+          cudaSuccess)
+        return false;
+      opted.fetch_or(bit, std::memory_order_acq_rel);
+    }
+  }
+  CUtensorMap w_map, x_map;
+  if (!make_map(&w_map, w, n, k, kTileN) || !make_map(&x_map, x, m, k, NT)) return false;
+  GemmArgs a{};
+  a.bias = bias;
+  a.m = m;
+  a.n = n;
+  a.k_tiles = static_cast<int>((k + kTileK - 1) / kTileK);
+  const int64_t tiles = (n + kTileN - 1) / kTileN;
+  a.splits = choose_splits(tiles, a.k_tiles, ws.sms, ws.partial_floats, C::kTile, ws.n_counters);
+  a.units = static_cast<int>(tiles * a.splits);
+  a.gelu = gelu;
+  a.accumulate = accumulate;
+  a.f32_out = f32_out;
+  a.addend = addend;
+  a.out = out;
+  a.partial = ws.partial;
+  a.counters = ws.counters;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(a.units, ws.sms));
+  pdl_launch(kernel, grid, kThreads, C::kSmem, s, w_map, x_map, a);
+  return true;
+}
+
+}  // namespace
+
+bool decode_gemm_supported(int64_t rows, int64_t n, int64_t k, const void* x, const void* w) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return rows >= 1 && rows <= kDecodeGemmMaxRows && k % 8 == 0 && k > 0 && n > 0 &&
+         n <= (int64_t{1} << 31) - kTileN && k < (int64_t{1} << 31) && aligned(x) && aligned(w);
+}
+
+int64_t decode_gemm_workspace_floats(int sms) {
+  return int64_t{2} * sms * kTileN * kDecodeGemmMaxRows;
+}
+
+bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
+                 int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
+                 void* out, bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s) {
+  if (!ws.sm90) return false;  // the kernel's sm_90a code runs on compute capability 9.0 only
+  if (n == 0 || rows == 0) return true;
+  if (rows <= 16)
+    return launch<16>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+  if (rows <= 32)
+    return launch<32>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+  if (rows <= 64)
+    return launch<64>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+  return launch<128>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+}
+
+}  // namespace kestrel::cuda::kernels
