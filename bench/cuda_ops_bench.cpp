@@ -154,12 +154,13 @@ BENCHMARK(BM_Linear)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// Args: shape index, rows, mode (0 cuBLASLt, 1 the wgmma decode GEMM). Each timed iteration is
-// 8 launches back to back, as in a forward (the per-launch time is reported).
+// Args: shape index, rows, mode (0 cuBLASLt, 1..2 the wgmma decode GEMM's variant). Each timed
+// iteration is 8 launches back to back, as in a forward (the per-launch time is reported).
 void BM_DecodeGemm(benchmark::State& state) {
   const LinearShape& sh = kLinear[state.range(0)];
   const int mode = static_cast<int>(state.range(2));
-  state.SetLabel(std::string(sh.name) + (mode == 0 ? ", cublaslt" : ", decode gemm"));
+  state.SetLabel(std::string(sh.name) +
+                 (mode == 0 ? ", cublaslt" : ", decode gemm v" + std::to_string(mode)));
   LinearOperands op(sh, state.range(1));
   with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, 0);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
@@ -179,7 +180,7 @@ void BM_DecodeGemm(benchmark::State& state) {
   op.count(state);
 }
 BENCHMARK(BM_DecodeGemm)
-    ->ArgsProduct({{0, 1, 2, 3, 4}, {4, 16, 32, 64, 128}, {0, 1}})
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {4, 16, 32, 64, 128}, {0, 1, 2}})
     ->UseManualTime()
     ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);

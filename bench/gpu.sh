@@ -86,7 +86,7 @@ fi
 if has gemm; then
   timeout 150 ./$BIN/cuda_ops_bench --benchmark_filter='DecodeGemm' >"$OUT/gemm-timing.log" 2>&1
   echo "timing rc=$?"; grep -E "^BM_" "$OUT/gemm-timing.log" | sed 's/min_time:0.050.manual_time//' | head -60
-  for e in 0 1 0 1; do
+  for e in ${GEMM_MODES:-0 1 2 0 1 2}; do
     echo "== KESTREL_DECODE_GEMM=$e"
     KESTREL_DECODE_GEMM=$e timeout 90 ./$BIN/kestrel bench --device cuda --preset falcon-7b \
       ${GEMM_BENCH_ARGS:---prefill 1x16 --decode 4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 --iters 2 --no-roofline} \

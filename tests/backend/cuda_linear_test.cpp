@@ -135,7 +135,7 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
     // the decode GEMM for every row count it takes (3..128; 1..2 stay with the GEMV).
     for (const auto& [gemv, decode] :
          {std::pair{-1, 0}, std::pair{0, 0}, std::pair{1, 0}, std::pair{3, 0}, std::pair{4, 0},
-          std::pair{5, 0}, std::pair{6, 0}, std::pair{0, 1}}) {
+          std::pair{5, 0}, std::pair{6, 0}, std::pair{0, 1}, std::pair{0, 2}}) {
       set_modes(gemv, decode);
       const double err = check(c, p);
       EXPECT_LE(err, kLinearBound)

@@ -60,6 +60,7 @@ struct GemmArgs {
   int64_t m, n;
   int k_tiles, splits, units;
   bool gelu, accumulate, f32_out;
+  bool w_evict_first;      // w's boxes leave L2 first (read once; x and the partials stay)
   const uint16_t* addend;  // [m, n] or null
   void* out;
   float* partial;  // the splits' partial tiles
@@ -107,6 +108,16 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, uint
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, "
       "{%2, %3}], [%4];" ::"r"(smem_u32(dst)),
       "l"(map), "r"(k0), "r"(row0), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// The same, with an L2 eviction policy (createpolicy) for the box.
+__device__ __forceinline__ void tma_load_hint(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                              int k0, int row0, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint "
+      "[%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(k0), "r"(row0), "r"(smem_u32(bar)), "l"(policy)
       : "memory");
 }
 
@@ -217,6 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {  // the producer: one thread issues every load
     if (t != 0) return;
+    uint64_t policy = 0;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     int stage = 0;
     uint32_t phase = 0;
     for (int u = static_cast<int>(blockIdx.x); u < a.units; u += static_cast<int>(gridDim.x)) {
@@ -226,7 +239,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar_wait(&empty[stage], phase ^ 1);
         uint8_t* st = smem + stage * C::kStageBytes;
         mbar_expect_tx(&full[stage], C::kStageBytes);
-        tma_load(st, &w_map, &full[stage], kt * kTileK, tile * kTileN);
+        if (a.w_evict_first) {
+          tma_load_hint(st, &w_map, &full[stage], kt * kTileK, tile * kTileN, policy);
+        } else {
+          tma_load(st, &w_map, &full[stage], kt * kTileK, tile * kTileN);
+        }
         tma_load(st + kWBytes, &x_map, &full[stage], kt * kTileK, 0);
         if (++stage == C::kStages) {
           stage = 0;
@@ -367,9 +384,9 @@ int choose_splits(int64_t tiles, int k_tiles, int sms, int64_t max_partial_float
 }
 
 template <int NT>
-bool launch(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t m, int64_t n,
-            int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-            const DecodeGemmWorkspace& ws, cudaStream_t s) {
+bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t m,
+            int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out,
+            bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s) {
   using C = Cfg<NT>;
   auto* kernel = decode_gemm_kernel<NT>;
   {                                         // once a device, before any capture needs it
@@ -397,6 +414,7 @@ bool launch(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t 
   a.gelu = gelu;
   a.accumulate = accumulate;
   a.f32_out = f32_out;
+  a.w_evict_first = variant == 2;
   a.addend = addend;
   a.out = out;
   a.partial = ws.partial;
@@ -420,16 +438,21 @@ int64_t decode_gemm_workspace_floats(int sms) {
 
 bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
                  int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
-                 void* out, bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s) {
+                 void* out, bool f32_out, int variant, const DecodeGemmWorkspace& ws,
+                 cudaStream_t s) {
   if (!ws.sm90) return false;  // the kernel's sm_90a code runs on compute capability 9.0 only
   if (n == 0 || rows == 0) return true;
   if (rows <= 16)
-    return launch<16>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+    return launch<16>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
+                      s);
   if (rows <= 32)
-    return launch<32>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+    return launch<32>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
+                      s);
   if (rows <= 64)
-    return launch<64>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
-  return launch<128>(x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+    return launch<64>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
+                      s);
+  return launch<128>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
+                     s);
 }
 
 }  // namespace kestrel::cuda::kernels

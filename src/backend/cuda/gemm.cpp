@@ -413,7 +413,8 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
         x.data<uint16_t>(), weight.data<uint16_t>(),
         bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
         epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
-        out.raw(), out.dtype() == DType::kF32, decode_gemm_workspace(stream()), stream());
+        out.raw(), out.dtype() == DType::kF32, tuning().decode_gemm,
+        decode_gemm_workspace(stream()), stream());
     CUDA_CHECK_LAUNCH();
     if (launched) return;
     static std::once_flag warned;

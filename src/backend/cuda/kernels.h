@@ -87,7 +87,8 @@ void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t ro
 // by all rows of x, streamed by TMA into shared memory and multiplied by wgmma, k split over a
 // persistent grid where the tiles alone would leave multiprocessors idle. Needs
 // decode_gemm_supported and a workspace with sm90 set; returns false when it did not launch
-// (another card, or the driver refused a tensor map): the caller takes another path.
+// (another card, or the driver refused a tensor map): the caller takes another path. variant:
+// 1 plain loads, 2 w's loads marked evict-first in L2.
 constexpr int kDecodeGemmMaxRows = 128;
 // The splits' partial tiles (partial_floats floats) and one counter a tile (n_counters ints,
 // zero before the first use; each launch leaves them zero). One workspace a stream: launches
@@ -105,7 +106,8 @@ int64_t decode_gemm_workspace_floats(int sms);
 bool decode_gemm_supported(int64_t rows, int64_t n, int64_t k, const void* x, const void* w);
 bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
                  int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
-                 void* out, bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s);
+                 void* out, bool f32_out, int variant, const DecodeGemmWorkspace& ws,
+                 cudaStream_t s);
 
 // The scales of a product of FP8 codes: row [rows] (per token), col [cols] per_col, else [1].
 // row null: y is not scaled.

@@ -21,7 +21,8 @@ struct Tuning {
   // for every 1..8 rows.
   int gemv = -1;
   // Linears of 3..128 rows (gemm.cpp, decode_gemm.cu). KESTREL_DECODE_GEMM: 0 cuBLASLt, 1 the
-  // wgmma decode GEMM for every 3..128 rows where it applies.
+  // wgmma decode GEMM for every 3..128 rows where it applies, 2 the same with w's loads marked
+  // evict-first in L2.
   int decode_gemm = 0;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
