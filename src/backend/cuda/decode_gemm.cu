@@ -7,11 +7,15 @@
 //   with the tensor memory accelerator (TMA, 128-byte swizzle, zero fill past the edges), up to
 //   8 stages deep; warpgroups 1 and 2 multiply each stage with wgmma straight from shared memory
 //   and hand it back through an mbarrier, so loads of later stages overlap the math.
-// - Persistent: one block a multiprocessor loops over units (a tile and a split of its k), so
-//   the stream never stops between units. k is split where few tiles would leave
-//   multiprocessors idle (qkv's 37 tiles over 132 multiprocessors); each split writes its fp32
-//   partial to a workspace and the last split of a tile to arrive (a counter a tile, reset by
-//   it) sums the partials in split order (deterministic) and applies the epilogue.
+// - Stream-K: one block a multiprocessor (a persistent grid) takes an equal, contiguous share of
+//   all (tile, 64-k slice) steps, so every multiprocessor streams the same bytes whatever the
+//   tile count (qkv's 37 tiles over 132 multiprocessors), and the stream never stops between
+//   tiles. A share starts and ends inside tiles: a block whose share starts inside a tile
+//   writes its fp32 partial to the workspace (a slot a block, one store a thread, coalesced) and
+//   counts it on the tile's flag; the block that holds the tile's first slice (its owner, which
+//   reaches that tile last, at the end of its own share) waits for the flag, adds the partials
+//   of the blocks after it in block order (deterministic), resets the flag and applies the
+//   epilogue. Only owners wait, and only on partials written first thing by later blocks.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -43,13 +47,14 @@ constexpr int kSmemLimit = 227 * 1024;        // a block's dynamic shared memory
 constexpr int kMaxStages = 8;
 
 // NT: the rows of x a tile holds (16, 32, 64 or 128; x has M <= NT rows, the rest zero-filled).
+// The stages take what shared memory allows, up to 8.
 template <int NT>
 struct Cfg {
   static constexpr int kXBytes = NT * kTileK * 2;
   static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024: swizzle atoms
   static constexpr int kStages = std::min(kMaxStages, (kSmemLimit - 2048) / kStageBytes);
-  // Stages, the barriers (full and empty a stage, a flag) and 1024 bytes to align the start.
-  static constexpr int kSmem = kStages * kStageBytes + 16 * kStages + 16 + 1024;
+  // Stages, the barriers (full and empty a stage) and 1024 bytes to align the start.
+  static constexpr int kSmem = kStages * kStageBytes + 16 * kStages + 1024;
   static constexpr int kSub = NT < 64 ? NT : 64;  // x rows of one wgmma (its N)
   static constexpr int kSubs = NT / kSub;
   static constexpr int kTile = kTileN * NT;  // floats of a partial tile
@@ -58,13 +63,13 @@ struct Cfg {
 struct GemmArgs {
   const uint16_t* bias;  // [n] or null
   int64_t m, n;
-  int k_tiles, splits, units;
+  int64_t k_tiles, steps;  // 64-k slices a tile; tiles x k_tiles
   bool gelu, accumulate, f32_out;
   bool w_evict_first;      // w's boxes leave L2 first (read once; x and the partials stay)
   const uint16_t* addend;  // [m, n] or null
   void* out;
-  float* partial;  // the splits' partial tiles
-  int* counters;   // one a tile, zero between launches
+  float* partial;  // a partial tile a block
+  int* flags;      // one a tile, zero between launches
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -202,6 +207,12 @@ __device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t a, uint64_t b)
 }
 #endif  // KESTREL_WGMMA
 
+// The block holding step `step` of a grid of g blocks over `steps` (block b: steps
+// [b steps / g, (b + 1) steps / g)).
+__device__ __forceinline__ int64_t block_of(int64_t step, int64_t steps, int64_t g) {
+  return ((step + 1) * g - 1) / steps;
+}
+
 // x's and w's tensor maps, then the launch's arguments. Block: 3 warpgroups (above).
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -214,8 +225,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   auto* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes);
   uint64_t* empty = full + C::kStages;
-  int* last_flag = reinterpret_cast<int*>(empty + C::kStages);
   const int t = static_cast<int>(threadIdx.x), wg = t / 128;
+  const int64_t g = gridDim.x, b = blockIdx.x;
+  const int64_t begin = b * a.steps / g, end = (b + 1) * a.steps / g;
   if (t == 0) {
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&full[s], 1);   // the producer's arrive, plus the bytes of the stage
@@ -232,42 +244,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     int stage = 0;
     uint32_t phase = 0;
-    for (int u = static_cast<int>(blockIdx.x); u < a.units; u += static_cast<int>(gridDim.x)) {
-      const int tile = u / a.splits, split = u % a.splits;
-      const int kb = split * a.k_tiles / a.splits, ke = (split + 1) * a.k_tiles / a.splits;
-      for (int kt = kb; kt < ke; ++kt) {
-        mbar_wait(&empty[stage], phase ^ 1);
-        uint8_t* st = smem + stage * C::kStageBytes;
-        mbar_expect_tx(&full[stage], C::kStageBytes);
-        if (a.w_evict_first) {
-          tma_load_hint(st, &w_map, &full[stage], kt * kTileK, tile * kTileN, policy);
-        } else {
-          tma_load(st, &w_map, &full[stage], kt * kTileK, tile * kTileN);
-        }
-        tma_load(st + kWBytes, &x_map, &full[stage], kt * kTileK, 0);
-        if (++stage == C::kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
+    for (int64_t step = begin; step < end; ++step) {
+      const int tile = static_cast<int>(step / a.k_tiles), kt = static_cast<int>(step % a.k_tiles);
+      mbar_wait(&empty[stage], phase ^ 1);
+      uint8_t* st = smem + stage * C::kStageBytes;
+      mbar_expect_tx(&full[stage], C::kStageBytes);
+      if (a.w_evict_first) {
+        tma_load_hint(st, &w_map, &full[stage], kt * kTileK, tile * kTileN, policy);
+      } else {
+        tma_load(st, &w_map, &full[stage], kt * kTileK, tile * kTileN);
+      }
+      tma_load(st + kWBytes, &x_map, &full[stage], kt * kTileK, 0);
+      if (++stage == C::kStages) {
+        stage = 0;
+        phase ^= 1;
       }
     }
     return;
   }
 
-  // Consumers: warpgroup cw takes rows [64 cw, 64 cw + 64) of the tile.
+  // Consumers: warpgroup cw takes rows [64 cw, 64 cw + 64) of the tile. Accumulator i of sub s:
+  // tile row cw * 64 + warp * 16 + lane / 4 + 8 (i % 4 / 2) (a row of w, so a column of out),
+  // x row s * 64 + 8 (i / 4) + 2 (lane % 4) + i % 2.
   const int cw = wg - 1, warp = (t / 32) % 4, lane = t % 32;
   const int ct = t - 128;  // 0..255 among the consumers
+  const int r_base = cw * 64 + warp * 16 + lane / 4;
+  auto x_row = [&](int s, int i) { return s * 64 + 8 * (i / 4) + 2 * (lane % 4) + i % 2; };
   int stage = 0;
   uint32_t phase = 0;
-  for (int u = static_cast<int>(blockIdx.x); u < a.units; u += static_cast<int>(gridDim.x)) {
-    const int tile = u / a.splits, split = u % a.splits;
-    const int kb = split * a.k_tiles / a.splits, ke = (split + 1) * a.k_tiles / a.splits;
+  for (int64_t step = begin; step < end;) {
+    const int tile = static_cast<int>(step / a.k_tiles);
+    const int64_t kb = step % a.k_tiles, ke = min(a.k_tiles, kb + (end - step));
+    step += ke - kb;
     float acc[C::kSubs][C::kSub / 2];
 #pragma unroll
     for (int s = 0; s < C::kSubs; ++s)
 #pragma unroll
       for (int i = 0; i < C::kSub / 2; ++i) acc[s][i] = 0.0f;
-    for (int kt = kb; kt < ke; ++kt) {
+    for (int64_t kt = kb; kt < ke; ++kt) {
       mbar_wait(&full[stage], phase);
       const uint32_t w_s = smem_u32(smem + stage * C::kStageBytes) + cw * 64 * 128;
       const uint32_t x_s = smem_u32(smem + stage * C::kStageBytes + kWBytes);
@@ -288,51 +302,49 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
 
-    // Accumulator i of sub s: tile row cw * 64 + warp * 16 + lane / 4 + 8 (i % 4 / 2) (a row of
-    // w, so a column of out), x row s * 64 + 8 (i / 4) + 2 (lane % 4) + i % 2.
-    const int64_t row0 = int64_t{tile} * kTileN;
-    const int r_base = cw * 64 + warp * 16 + lane / 4;
-    if (a.splits == 1) {
+    if (kb != 0) {  // the tile began in an earlier block: hand the partial to its owner
+      float* mine = a.partial + b * C::kTile;
 #pragma unroll
       for (int s = 0; s < C::kSubs; ++s)
 #pragma unroll
-        for (int i = 0; i < C::kSub / 2; ++i) {
-          const int64_t row = row0 + r_base + 8 * ((i % 4) / 2);
-          const int64_t col = s * 64 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-          if (row >= a.n || col >= a.m) continue;
-          const float b = a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f;
-          store_epilogue(acc[s][i] + b, a.gelu, a.accumulate, a.addend, a.out, a.f32_out,
-                         col * a.n + row);
-        }
+        for (int i = 0; i < C::kSub / 2; ++i)
+          if (x_row(s, i) < a.m) mine[(s * (C::kSub / 2) + i) * kConsumerThreads + ct] = acc[s][i];
+      __threadfence();
+      consumer_sync();
+      if (ct == 0) atomicAdd(&a.flags[tile], 1);
       continue;
     }
-    float* mine = a.partial + (int64_t{tile} * a.splits + split) * C::kTile;
+    if (ke != a.k_tiles) {  // the owner of a tile that goes on in blocks b + 1 .. last
+      const int64_t last = block_of(int64_t{tile} * a.k_tiles + a.k_tiles - 1, a.steps, g);
+      if (ct == 0) {
+        volatile int* flag = a.flags + tile;
+        while (*flag != last - b) {
+        }
+        *flag = 0;  // ready for the next launch (and a graph's replay)
+      }
+      consumer_sync();
+      __threadfence();
+      for (int64_t from = b + 1; from <= last; ++from) {
+        const float* part = a.partial + from * C::kTile;
+#pragma unroll
+        for (int s = 0; s < C::kSubs; ++s)
+#pragma unroll
+          for (int i = 0; i < C::kSub / 2; ++i)
+            if (x_row(s, i) < a.m)
+              acc[s][i] += __ldcg(part + (s * (C::kSub / 2) + i) * kConsumerThreads + ct);
+      }
+    }
+    const int64_t row0 = int64_t{tile} * kTileN;
 #pragma unroll
     for (int s = 0; s < C::kSubs; ++s)
 #pragma unroll
       for (int i = 0; i < C::kSub / 2; ++i) {
-        const int r = r_base + 8 * ((i % 4) / 2);
-        const int col = s * 64 + 8 * (i / 4) + 2 * (lane % 4) + i % 2;
-        mine[col * kTileN + r] = acc[s][i];
+        const int64_t row = row0 + r_base + 8 * ((i % 4) / 2), col = x_row(s, i);
+        if (row >= a.n || col >= a.m) continue;
+        const float bv = a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f;
+        store_epilogue(acc[s][i] + bv, a.gelu, a.accumulate, a.addend, a.out, a.f32_out,
+                       col * a.n + row);
       }
-    __threadfence();
-    consumer_sync();
-    if (ct == 0) *last_flag = atomicAdd(&a.counters[tile], 1) == a.splits - 1;
-    consumer_sync();
-    if (*last_flag) {
-      __threadfence();
-      const float* parts = a.partial + int64_t{tile} * a.splits * C::kTile;
-      const int valid = static_cast<int>(min(a.m, int64_t{NT})) * kTileN;
-      for (int e = ct; e < valid; e += kConsumerThreads) {
-        const int64_t col = e / kTileN, row = row0 + e % kTileN;
-        if (row >= a.n) continue;
-        float y = a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f;
-        for (int sp = 0; sp < a.splits; ++sp) y += __ldcg(parts + sp * C::kTile + e);  // L2
-        store_epilogue(y, a.gelu, a.accumulate, a.addend, a.out, a.f32_out, col * a.n + row);
-      }
-      if (ct == 0) a.counters[tile] = 0;  // ready for the next launch (and a graph's replay)
-    }
-    consumer_sync();  // every consumer has read the flag before the next unit writes it
   }
 #endif  // KESTREL_WGMMA
 }
@@ -364,25 +376,6 @@ bool make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int b
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The split count: the fewest k-tiles the busiest block streams (waves of units times a unit's
-// k-tiles), a split costing about two k-tiles more (its partial and the fixup); ties to fewer.
-int choose_splits(int64_t tiles, int k_tiles, int sms, int64_t max_partial_floats,
-                  int64_t tile_floats, int64_t n_counters) {
-  if (tiles > n_counters) return 1;
-  int best = 1;
-  int64_t best_cost = ((tiles + sms - 1) / sms) * k_tiles;
-  for (int s = 2; s <= std::min(16, k_tiles); ++s) {
-    if (tiles * s * tile_floats > max_partial_floats) break;
-    const int64_t waves = (tiles * s + sms - 1) / sms;
-    const int64_t cost = waves * ((k_tiles + s - 1) / s) + 2;
-    if (cost < best_cost) {
-      best = s;
-      best_cost = cost;
-    }
-  }
-  return best;
-}
-
 template <int NT>
 bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t m,
             int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out,
@@ -407,10 +400,14 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
   a.bias = bias;
   a.m = m;
   a.n = n;
-  a.k_tiles = static_cast<int>((k + kTileK - 1) / kTileK);
+  a.k_tiles = (k + kTileK - 1) / kTileK;
   const int64_t tiles = (n + kTileN - 1) / kTileN;
-  a.splits = choose_splits(tiles, a.k_tiles, ws.sms, ws.partial_floats, C::kTile, ws.n_counters);
-  a.units = static_cast<int>(tiles * a.splits);
+  if (tiles > ws.n_flags) return false;
+  a.steps = tiles * a.k_tiles;
+  // A block a multiprocessor, each at least 4 steps (shorter shares pay their partials for
+  // little), within the workspace's partial slots.
+  const int64_t grid =
+      std::min<int64_t>({ws.sms, std::max<int64_t>(1, a.steps / 4), ws.partial_floats / C::kTile});
   a.gelu = gelu;
   a.accumulate = accumulate;
   a.f32_out = f32_out;
@@ -418,9 +415,8 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
   a.addend = addend;
   a.out = out;
   a.partial = ws.partial;
-  a.counters = ws.counters;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(a.units, ws.sms));
-  pdl_launch(kernel, grid, kThreads, C::kSmem, s, w_map, x_map, a);
+  a.flags = ws.flags;
+  pdl_launch(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, s, w_map, x_map, a);
   return true;
 }
 
@@ -433,7 +429,7 @@ bool decode_gemm_supported(int64_t rows, int64_t n, int64_t k, const void* x, co
 }
 
 int64_t decode_gemm_workspace_floats(int sms) {
-  return int64_t{2} * sms * kTileN * kDecodeGemmMaxRows;
+  return int64_t{sms} * kTileN * kDecodeGemmMaxRows;
 }
 
 bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,

@@ -80,7 +80,7 @@ Gemm& gemm() {
 // the eager run before a capture makes it) and held for the process.
 const kernels::DecodeGemmWorkspace& decode_gemm_workspace(cudaStream_t s) {
   struct Held {
-    Tensor partial, counters;
+    Tensor partial, flags;
     kernels::DecodeGemmWorkspace ws;
   };
   static std::mutex mu;
@@ -96,12 +96,12 @@ const kernels::DecodeGemmWorkspace& decode_gemm_workspace(cudaStream_t s) {
   CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   h.ws.sm90 = major == 9 && minor == 0;
   h.ws.partial_floats = kernels::decode_gemm_workspace_floats(h.ws.sms);
-  h.ws.n_counters = int64_t{4} * h.ws.sms;
+  h.ws.n_flags = 4096;  // tiles of 128 rows: outputs up to 524,288 wide
   h.partial = Tensor::empty(DType::kF32, {h.ws.partial_floats}, Device::kCuda);
-  h.counters = Tensor::empty(DType::kI32, {h.ws.n_counters}, Device::kCuda);
+  h.flags = Tensor::empty(DType::kI32, {h.ws.n_flags}, Device::kCuda);
   h.ws.partial = h.partial.data<float>();
-  h.ws.counters = h.counters.data<int32_t>();
-  CUDA_CHECK(cudaMemsetAsync(h.ws.counters, 0, sizeof(int32_t) * h.ws.n_counters, s));
+  h.ws.flags = h.flags.data<int32_t>();
+  CUDA_CHECK(cudaMemsetAsync(h.ws.flags, 0, sizeof(int32_t) * h.ws.n_flags, s));
   return held->emplace(s, std::move(h)).first->second.ws;
 }
 

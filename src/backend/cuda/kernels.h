@@ -84,20 +84,20 @@ void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t ro
           int variant, cudaStream_t s);
 // --- linear for decode batches on Hopper's tensor cores (decode_gemm.cu) --------
 // As gemv (same arguments and epilogue) for 1..kDecodeGemmMaxRows rows: tiles of 128 rows of w
-// by all rows of x, streamed by TMA into shared memory and multiplied by wgmma, k split over a
-// persistent grid where the tiles alone would leave multiprocessors idle. Needs
-// decode_gemm_supported and a workspace with sm90 set; returns false when it did not launch
-// (another card, or the driver refused a tensor map): the caller takes another path. variant:
-// 1 plain loads, 2 w's loads marked evict-first in L2.
+// by all rows of x, streamed by TMA into shared memory and multiplied by wgmma, the steps of all
+// tiles shared equally by a persistent grid (stream-K). Needs decode_gemm_supported and a
+// workspace with sm90 set; returns false when it did not launch (another card, more tiles than
+// flags, or the driver refused a tensor map): the caller takes another path. variant: 1 plain
+// loads, 2 w's loads marked evict-first in L2.
 constexpr int kDecodeGemmMaxRows = 128;
-// The splits' partial tiles (partial_floats floats) and one counter a tile (n_counters ints,
-// zero before the first use; each launch leaves them zero). One workspace a stream: launches
-// on it must not overlap.
+// A partial tile a block (partial_floats floats) and a flag a tile (n_flags ints, zero before
+// the first use; each launch leaves them zero). One workspace a stream: launches on it must not
+// overlap.
 struct DecodeGemmWorkspace {
   float* partial = nullptr;
   int64_t partial_floats = 0;
-  int* counters = nullptr;
-  int64_t n_counters = 0;
+  int* flags = nullptr;
+  int64_t n_flags = 0;
   int sms = 1;
   bool sm90 = false;  // the device is compute capability 9.0 (the kernel is sm_90a code)
 };
