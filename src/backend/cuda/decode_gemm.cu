@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear_util.cuh"
