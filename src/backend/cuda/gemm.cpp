@@ -1,6 +1,8 @@
 // linear on CUDA: out [T, n_out] = epilogue(x [T, in] @ weight [n_out, in]^T (+ bias)).
-// Up to 8 rows (decode) take the hand-written GEMV (gemv.cu) with the whole epilogue inside;
-// the rest go through cuBLASLt, bf16 operands, fp32 accumulation, the bias in the
+// 1-2 rows (decode) take the hand-written GEMV (gemv.cu) with the whole epilogue inside; with
+// KESTREL_DECODE_GEMM set, 3-128 rows take the wgmma decode GEMM (decode_gemm.cu; off by
+// default, cuBLASLt measured faster); the rest go through cuBLASLt, bf16 operands, fp32
+// accumulation, the bias in the
 // epilogue, out in bf16 or f32, accumulate as beta = 1, GELU in the epilogue too (else a
 // kernel after). One plan (descriptors + the heuristic's best algorithm) per shape, made at
 // first use and cached, with a 32 MiB workspace.
