@@ -137,7 +137,19 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
          {std::pair{-1, 0}, std::pair{0, 0}, std::pair{1, 0}, std::pair{3, 0}, std::pair{4, 0},
           std::pair{5, 0}, std::pair{6, 0}, std::pair{0, 1}, std::pair{0, 2}}) {
       set_modes(gemv, decode);
+#ifdef KESTREL_CUDA
+      // On a card that runs it, every case of 3..128 rows (k % 8 == 0) must take the decode
+      // GEMM, not fall back to cuBLASLt unseen.
+      const bool decode_expected = decode > 0 && gemv == 0 && c.n >= 3 && c.n <= 128 &&
+                                   c.in % 8 == 0 && cuda::decode_gemm_available();
+      const int64_t launches = cuda::decode_gemm_launches();
+#endif
       const double err = check(c, p);
+#ifdef KESTREL_CUDA
+      if (decode_expected)
+        EXPECT_EQ(cuda::decode_gemm_launches(), launches + 1)
+            << "decode gemm " << decode << " did not run: " << c.n << "x" << c.in << "->" << c.out;
+#endif
       EXPECT_LE(err, kLinearBound)
           << "gemv " << gemv << " decode gemm " << decode << ": " << c.n << "x" << c.in << "->"
           << c.out << " bias " << c.bias << " f32 " << c.f32_out << " gelu " << c.gelu << " acc "

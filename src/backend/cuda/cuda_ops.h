@@ -66,6 +66,11 @@ DeviceMemoryInfo device_memory_info();
 // The GPU kestrel runs on, as "cuda: NVIDIA H100 80GB HBM3, 132 SMs" (figures say which card).
 std::string device_name();
 
+// Whether this device runs the wgmma decode GEMM (compute capability 9.0), and how many linears
+// it has run in this process (tests: a fallback to cuBLASLt runs none).
+bool decode_gemm_available();
+int64_t decode_gemm_launches();
+
 // ops::capture_graph on CUDA: body runs once eagerly, then once under stream capture; the
 // device memory both runs take comes from the graph pool (graph_pool_bytes: what it holds).
 std::unique_ptr<ops::DeviceGraph> capture_graph(const std::function<Tensor()>& body, Tensor* out);

@@ -29,7 +29,7 @@
 #include "backend/cuda/pdl.cuh"
 
 // wgmma is sm_90a only; the compute_90 PTX carries an empty kernel that is never launched
-// (decode_gemm_supported asks for the sm_90a build's card).
+// (decode_gemm returns false unless the workspace says compute capability 9.0).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define KESTREL_WGMMA 1
 #endif

@@ -10,6 +10,7 @@
 // activations per token to E4M3 and run cuBLASLt's FP8 GEMM with outer-vector scales (weight
 // row x token) and the same epilogues.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -78,6 +79,15 @@ Gemm& gemm() {
   return *g;
 }
 
+std::atomic<int64_t> g_decode_gemm_launches{0};
+
+bool compute_capability_90(int dev) {
+  int major = 0, minor = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+}
+
 // The decode GEMM's workspace for stream s, made at its first use there (outside any capture:
 // the eager run before a capture makes it) and held for the process.
 const kernels::DecodeGemmWorkspace& decode_gemm_workspace(cudaStream_t s) {
@@ -91,12 +101,10 @@ const kernels::DecodeGemmWorkspace& decode_gemm_workspace(cudaStream_t s) {
   auto it = held->find(s);
   if (it != held->end()) return it->second.ws;
   Held h;
-  int dev = 0, major = 0, minor = 0;
+  int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&h.ws.sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  h.ws.sm90 = major == 9 && minor == 0;
+  h.ws.sm90 = compute_capability_90(dev);
   h.ws.partial_floats = kernels::decode_gemm_workspace_floats(h.ws.sms);
   h.ws.n_flags = 4096;  // tiles of 128 rows: outputs up to 524,288 wide
   h.partial = Tensor::empty(DType::kF32, {h.ws.partial_floats}, Device::kCuda);
@@ -380,6 +388,17 @@ void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& bias, Tenso
 
 }  // namespace
 
+bool decode_gemm_available() {
+  ensure_device();
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  return compute_capability_90(dev);
+}
+
+int64_t decode_gemm_launches() {
+  return g_decode_gemm_launches.load(std::memory_order_relaxed);
+}
+
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
   if (weight.dtype() == DType::kF8E4M3) return linear_fp8(x, weight, bias, out, epilogue);
@@ -418,7 +437,10 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
         out.raw(), out.dtype() == DType::kF32, tuning().decode_gemm,
         decode_gemm_workspace(stream()), stream());
     CUDA_CHECK_LAUNCH();
-    if (launched) return;
+    if (launched) {
+      g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     static std::once_flag warned;
     std::call_once(warned, [] {
       spdlog::warn(
