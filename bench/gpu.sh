@@ -17,7 +17,10 @@
 #   lora         the LoRA fixtures through `kestrel logits --device cuda` (lora_cuda_check.py)
 #   gemm         the wgmma decode GEMM (KESTREL_DECODE_GEMM): the linear op test, its timings
 #                against cuBLASLt, then kestrel bench at decode batch 4-128 and a 128-token first
-#                token with it and without (GEMM_BENCH_ARGS)
+#                token with it and without (GEMM_TIMING_FILTER, GEMM_MODES, GEMM_BENCH_ARGS)
+#   gemm-ncu     ncu sections (throughput, memory, warp stalls) of one launch of each
+#                GEMM_NCU case (cuda_ops_bench DecodeGemm arguments shape/rows/mode; mode 0 is
+#                cuBLASLt)
 # Engine and server:
 #   generate     `generate --device cuda` against `--device cpu` on the e2e fixture, and logits
 #   serve        `kestrel serve --device cuda` on a random falcon-7b folder written on the
@@ -84,13 +87,24 @@ if has gemm; then
   [ $rc -eq 0 ] || [ -n "${GEMM_ANYWAY:-}" ] || STEPS=none
 fi
 if has gemm; then
-  timeout 150 ./$BIN/cuda_ops_bench --benchmark_filter='DecodeGemm' >"$OUT/gemm-timing.log" 2>&1
+  timeout 150 ./$BIN/cuda_ops_bench --benchmark_filter="${GEMM_TIMING_FILTER:-DecodeGemm}" >"$OUT/gemm-timing.log" 2>&1
   echo "timing rc=$?"; grep -E "^BM_" "$OUT/gemm-timing.log" | sed 's/min_time:0.050.manual_time//' | head -60
   for e in ${GEMM_MODES:-0 1 2 0 1 2}; do
     echo "== KESTREL_DECODE_GEMM=$e"
     KESTREL_DECODE_GEMM=$e timeout 90 ./$BIN/kestrel bench --device cuda --preset falcon-7b \
       ${GEMM_BENCH_ARGS:---prefill 1x16 --decode 4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 --iters 2 --no-roofline} \
       2>&1 | grep -E "^decode|^first|^prefill|rror"
+  done
+fi
+if has gemm-ncu; then
+  for c in ${GEMM_NCU:-0/128/0 0/128/3 2/32/0 2/32/3}; do
+    timeout 120 ncu --launch-skip 12 --launch-count 1 --section SpeedOfLight \
+      --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+      ./$BIN/cuda_ops_bench --benchmark_filter="BM_DecodeGemm/$c/" \
+      >"$OUT/gemm-ncu-$(echo "$c" | tr / -).log" 2>&1
+    echo "gemm-ncu $c rc=$?"
+    grep -E "^  [a-z_0-9]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput|Compute \(SM\)|Stall|Warp Cycles Per Issued|No Eligible" \
+      "$OUT/gemm-ncu-$(echo "$c" | tr / -).log" | head -16
   done
 fi
 if has ncu; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs, builds kestrel and runs every test: the
 # release build, the same suite under ASan+UBSan, the Python suites where they
-# exist, and a compile-only CUDA build when nvcc is present (so it cannot rot).
+# exist, and a compile-only CUDA build when nvcc is present (so it cannot rot; ptxas must not
+# serialize a kernel's wgmma: scripts/check-wgmma.sh).
 # Stages print their wall time. KESTREL_SKIP_ASAN=1 / KESTREL_SKIP_CUDA=1 skip those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,6 @@ nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ "${KESTREL_SKIP_CUDA:-0}" != 1 ] && [ -x "$nvcc_bin" ]; then
   stage cuda-compile bash -c "cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DKESTREL_CUDA=ON -DKESTREL_TESTS=ON -DKESTREL_BENCH=ON -DCMAKE_CUDA_COMPILER=$nvcc_bin >/dev/null \
-    && ninja -C build-cuda -j $jobs"
+    && ninja -C build-cuda -j $jobs && bash scripts/check-wgmma.sh build-cuda"
 fi
 echo "all tests passed"

@@ -121,6 +121,8 @@ std::vector<Case> cases() {
   v.push_back({32, 18176, 4544, true, false, false, true, true});  // fc2 + residual, batch 32
   v.push_back({64, 4544, 18176, true, false, true, false});        // fc1 + GELU, batch 64
   v.push_back({24, 4544, 65024, false, true, false, false});       // lm_head (f32 logits)
+  v.push_back({8, 4544, 18176, true, false, true, false});         // fc1 + GELU, batch 8
+  v.push_back({5, 18176, 4544, false, false, false, true, true});  // fc2 + residual, batch 5
   v.push_back({128, 4544, 4672, true, false, false, false});       // qkv, 128-token prompt
   v.push_back({96, 18176, 4544, true, false, false, true, true});  // fc2 + residual, k split
   v.push_back({5, 8, 5, true, true, true, true});                  // one chunk per row
@@ -135,12 +137,15 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
     // the decode GEMM for every row count it takes (3..128; 1..2 stay with the GEMV).
     for (const auto& [gemv, decode] :
          {std::pair{-1, 0}, std::pair{0, 0}, std::pair{1, 0}, std::pair{3, 0}, std::pair{4, 0},
-          std::pair{5, 0}, std::pair{6, 0}, std::pair{0, 1}, std::pair{0, 2}}) {
+          std::pair{5, 0}, std::pair{6, 0}, std::pair{0, -1}, std::pair{0, 1}, std::pair{0, 2},
+          std::pair{0, 3}, std::pair{0, 4}}) {
       set_modes(gemv, decode);
 #ifdef KESTREL_CUDA
       // On a card that runs it, every case of 3..128 rows (k % 8 == 0) must take the decode
-      // GEMM, not fall back to cuBLASLt unseen.
-      const bool decode_expected = decode > 0 && gemv == 0 && c.n >= 3 && c.n <= 128 &&
+      // GEMM when a variant is forced, and the cases its measured choice names when not (-1),
+      // never falling back to cuBLASLt unseen.
+      const bool chosen = decode > 0 || cuda::decode_gemm_choice(c.n, c.out, c.in) > 0;
+      const bool decode_expected = decode != 0 && chosen && gemv == 0 && c.n >= 3 && c.n <= 128 &&
                                    c.in % 8 == 0 && cuda::decode_gemm_available();
       const int64_t launches = cuda::decode_gemm_launches();
 #endif

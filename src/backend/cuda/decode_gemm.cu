@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/linear_util.cuh"
@@ -46,11 +47,13 @@ constexpr int kSmemLimit = 227 * 1024;        // a block's dynamic shared memory
 constexpr int kMaxStages = 8;
 
 // NT: the rows of x a tile holds (16, 32, 64 or 128; x has M <= NT rows, the rest zero-filled).
+// KB: the 64-k boxes a stage holds (a stage reads 128 x KB contiguous bytes of each row of w).
 // The stages take what shared memory allows, up to 8.
-template <int NT>
+template <int NT, int KB>
 struct Cfg {
-  static constexpr int kXBytes = NT * kTileK * 2;
-  static constexpr int kStageBytes = kWBytes + kXBytes;  // a multiple of 1024: swizzle atoms
+  static constexpr int kXBox = NT * kTileK * 2;  // one 64-k box of x
+  static constexpr int kXBytes = KB * kXBox;
+  static constexpr int kStageBytes = KB * kWBytes + kXBytes;  // a multiple of 1024: swizzle atoms
   static constexpr int kStages = std::min(kMaxStages, (kSmemLimit - 2048) / kStageBytes);
   // Stages, the barriers (full and empty a stage) and 1024 bytes to align the start.
   static constexpr int kSmem = kStages * kStageBytes + 16 * kStages + 1024;
@@ -62,9 +65,10 @@ struct Cfg {
 struct GemmArgs {
   const uint16_t* bias;  // [n] or null
   int64_t m, n;
-  int64_t k_tiles, steps;  // 64-k slices a tile; tiles x k_tiles
+  int64_t k_tiles, steps;  // k slices (KB boxes of 64) a tile; tiles x k_tiles
   bool gelu, accumulate, f32_out;
   bool w_evict_first;      // w's boxes leave L2 first (read once; x and the partials stay)
+  bool pipelined;          // a stage's wgmma runs while the next stage's is issued
   const uint16_t* addend;  // [m, n] or null
   void* out;
   float* partial;  // a partial tile a block
@@ -87,22 +91,27 @@ __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+// An arrive on bar by the threads where `pred` holds, predicated rather than branched (a branch
+// around it would put the consumers' wgmma on a divergent path).
+__device__ __forceinline__ void mbar_arrive_if(uint64_t* bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(smem_u32(bar)),
+      "r"(static_cast<int>(pred))
+      : "memory");
 }
 
 // Until the phase of `parity` has completed (a fresh barrier's phase "1" counts as completed).
+// The retry loop is inside the asm: a loop the compiler sees would be a divergent path.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
-        : "memory");
-  }
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "KESTREL_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra KESTREL_MBAR_WAIT;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
 }
 
 // Box (k0, row0) of a 2-D tensor map into shared memory, completing on bar.
@@ -140,6 +149,9 @@ __device__ __forceinline__ void wgmma_commit() {
 }
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_one() {  // all but the last committed group
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 
 // The consumer warpgroups only (barrier 1; 0 is __syncthreads).
@@ -213,21 +225,26 @@ __device__ __forceinline__ int64_t block_of(int64_t step, int64_t steps, int64_t
 }
 
 // x's and w's tensor maps, then the launch's arguments. Block: 3 warpgroups (above).
-template <int NT>
+template <int NT, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_gemm_kernel(const __grid_constant__ CUtensorMap w_map,
                        const __grid_constant__ CUtensorMap x_map, const GemmArgs a) {
 #ifdef KESTREL_WGMMA
-  using C = Cfg<NT>;
+  using C = Cfg<NT, KB>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   auto* full = reinterpret_cast<uint64_t*>(smem + C::kStages * C::kStageBytes);
   uint64_t* empty = full + C::kStages;
-  const int t = static_cast<int>(threadIdx.x), wg = t / 128;
+  // The warpgroup through a shuffle: the compiler then knows it is the same across a warp, and
+  // the consumers' wgmma sit on no divergent path (ptxas would serialize them otherwise).
+  const int t = static_cast<int>(threadIdx.x), wg = __shfl_sync(0xffffffffu, t / 128, 0);
   const int64_t g = gridDim.x, b = blockIdx.x;
   const int64_t begin = b * a.steps / g, end = (b + 1) * a.steps / g;
   if (t == 0) {
+    // The two tensor maps into the TMA unit's cache while the barriers are set up.
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&full[s], 1);   // the producer's arrive, plus the bytes of the stage
       mbar_init(&empty[s], 8);  // each consumer warp
@@ -248,12 +265,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_wait(&empty[stage], phase ^ 1);
       uint8_t* st = smem + stage * C::kStageBytes;
       mbar_expect_tx(&full[stage], C::kStageBytes);
-      if (a.w_evict_first) {
-        tma_load_hint(st, &w_map, &full[stage], kt * kTileK, tile * kTileN, policy);
-      } else {
-        tma_load(st, &w_map, &full[stage], kt * kTileK, tile * kTileN);
+#pragma unroll
+      for (int bx = 0; bx < KB; ++bx) {
+        const int k0 = (kt * KB + bx) * kTileK;
+        if (a.w_evict_first) {
+          tma_load_hint(st + bx * kWBytes, &w_map, &full[stage], k0, tile * kTileN, policy);
+        } else {
+          tma_load(st + bx * kWBytes, &w_map, &full[stage], k0, tile * kTileN);
+        }
       }
-      tma_load(st + kWBytes, &x_map, &full[stage], kt * kTileK, 0);
+#pragma unroll
+      for (int bx = 0; bx < KB; ++bx)
+        tma_load(st + KB * kWBytes + bx * C::kXBox, &x_map, &full[stage], (kt * KB + bx) * kTileK,
+                 0);
       if (++stage == C::kStages) {
         stage = 0;
         phase ^= 1;
@@ -280,26 +304,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < C::kSubs; ++s)
 #pragma unroll
       for (int i = 0; i < C::kSub / 2; ++i) acc[s][i] = 0.0f;
+    int prev = -1;  // the stage whose wgmma may still run (pipelined)
     for (int64_t kt = kb; kt < ke; ++kt) {
       mbar_wait(&full[stage], phase);
       const uint32_t w_s = smem_u32(smem + stage * C::kStageBytes) + cw * 64 * 128;
-      const uint32_t x_s = smem_u32(smem + stage * C::kStageBytes + kWBytes);
+      const uint32_t x_s = smem_u32(smem + stage * C::kStageBytes + KB * kWBytes);
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kTileK / 16; ++kk) {
-        const uint64_t da = smem_desc(w_s + kk * 32);
+      for (int bx = 0; bx < KB; ++bx)
 #pragma unroll
-        for (int s = 0; s < C::kSubs; ++s)
-          wgmma<C::kSub>(acc[s], da, smem_desc(x_s + s * 64 * 128 + kk * 32));
-      }
+        for (int kk = 0; kk < kTileK / 16; ++kk) {
+          const uint64_t da = smem_desc(w_s + bx * kWBytes + kk * 32);
+#pragma unroll
+          for (int s = 0; s < C::kSubs; ++s)
+            wgmma<C::kSub>(acc[s], da, smem_desc(x_s + bx * C::kXBox + s * 64 * 128 + kk * 32));
+        }
       wgmma_commit();
-      wgmma_wait_all();
-      if (lane == 0) mbar_arrive(&empty[stage]);
+      if (a.pipelined) {
+        wgmma_wait_one();  // the stage before this one is read: hand it back
+        if (prev >= 0) mbar_arrive_if(&empty[prev], lane == 0);
+        prev = stage;
+      } else {
+        wgmma_wait_all();
+        mbar_arrive_if(&empty[stage], lane == 0);
+      }
       if (++stage == C::kStages) {
         stage = 0;
         phase ^= 1;
       }
     }
+    wgmma_wait_all();  // (a no-op unless pipelined) the sums are read below
+    if (prev >= 0) mbar_arrive_if(&empty[prev], lane == 0);
 
     if (kb != 0) {  // the tile began in an earlier block: hand the partial to its owner
       float* mine = a.partial + b * C::kTile;
@@ -375,12 +410,12 @@ bool make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int b
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int NT>
+template <int NT, int KB>
 bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t m,
             int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out,
             bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s) {
-  using C = Cfg<NT>;
-  auto* kernel = decode_gemm_kernel<NT>;
+  using C = Cfg<NT, KB>;
+  auto* kernel = decode_gemm_kernel<NT, KB>;
   {                                         // once a device, before any capture needs it
     static std::atomic<uint64_t> opted{0};  // a bit a device
     int dev = 0;
@@ -399,7 +434,7 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
   a.bias = bias;
   a.m = m;
   a.n = n;
-  a.k_tiles = (k + kTileK - 1) / kTileK;
+  a.k_tiles = (k + KB * kTileK - 1) / (KB * kTileK);
   const int64_t tiles = (n + kTileN - 1) / kTileN;
   if (tiles > ws.n_flags) return false;
   a.steps = tiles * a.k_tiles;
@@ -410,7 +445,8 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
   a.gelu = gelu;
   a.accumulate = accumulate;
   a.f32_out = f32_out;
-  a.w_evict_first = variant == 2;
+  a.w_evict_first = variant >= 2;
+  a.pipelined = variant >= 3;
   a.addend = addend;
   a.out = out;
   a.partial = ws.partial;
@@ -437,17 +473,23 @@ bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int
                  cudaStream_t s) {
   if (!ws.sm90) return false;  // the kernel's sm_90a code runs on compute capability 9.0 only
   if (n == 0 || rows == 0) return true;
-  if (rows <= 16)
-    return launch<16>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
-                      s);
-  if (rows <= 32)
-    return launch<32>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
-                      s);
-  if (rows <= 64)
-    return launch<64>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
-                      s);
-  return launch<128>(variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws,
-                     s);
+  // Variant 4 reads 256 k a stage up to 32 rows and 128 above (shared memory holds 3-4 stages).
+  const bool wide = variant >= 4;
+  auto go = [&](auto nt, auto kb) {
+    return launch<decltype(nt)::value, decltype(kb)::value>(
+        variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+  };
+  using I16 = std::integral_constant<int, 16>;
+  using I32 = std::integral_constant<int, 32>;
+  using I64 = std::integral_constant<int, 64>;
+  using I128 = std::integral_constant<int, 128>;
+  using K1 = std::integral_constant<int, 1>;
+  using K2 = std::integral_constant<int, 2>;
+  using K4 = std::integral_constant<int, 4>;
+  if (rows <= 16) return wide ? go(I16{}, K4{}) : go(I16{}, K1{});
+  if (rows <= 32) return wide ? go(I32{}, K4{}) : go(I32{}, K1{});
+  if (rows <= 64) return wide ? go(I64{}, K2{}) : go(I64{}, K1{});
+  return wide ? go(I128{}, K2{}) : go(I128{}, K1{});
 }
 
 }  // namespace kestrel::cuda::kernels

@@ -1,13 +1,12 @@
 // linear on CUDA: out [T, n_out] = epilogue(x [T, in] @ weight [n_out, in]^T (+ bias)).
 // 1-2 rows (decode) take the hand-written GEMV (gemv.cu) with the whole epilogue inside; with
-// KESTREL_DECODE_GEMM set, 3-128 rows take the wgmma decode GEMM (decode_gemm.cu; off by
-// default, cuBLASLt measured faster); the rest go through cuBLASLt, bf16 operands, fp32
-// accumulation, the bias in the
-// epilogue, out in bf16 or f32, accumulate as beta = 1, GELU in the epilogue too (else a
-// kernel after). One plan (descriptors + the heuristic's best algorithm) per shape, made at
-// first use and cached, with a 32 MiB workspace.
-// FP8 weights: the weight-only FP8 GEMV for 1-2 rows (fp8.cu); more rows quantize the
-// activations per token to E4M3 and run cuBLASLt's FP8 GEMM with outer-vector scales (weight
+// KESTREL_DECODE_GEMM set, 3-128 rows take the wgmma decode GEMM (decode_gemm.cu) on compute
+// capability 9.0 (-1: where it measured faster alone, decode_gemm_choice); the rest go through
+// cuBLASLt, bf16 operands, fp32 accumulation, the bias in the epilogue, out in
+// bf16 or f32, accumulate as beta = 1, GELU in the epilogue too (else a kernel after). One plan
+// (descriptors + the heuristic's best algorithm) per shape, made at first use and cached, with a 32
+// MiB workspace. FP8 weights: the weight-only FP8 GEMV for 1-2 rows (fp8.cu); more rows quantize
+// the activations per token to E4M3 and run cuBLASLt's FP8 GEMM with outer-vector scales (weight
 // row x token) and the same epilogues.
 #include <algorithm>
 #include <atomic>
@@ -399,6 +398,16 @@ int64_t decode_gemm_launches() {
   return g_decode_gemm_launches.load(std::memory_order_relaxed);
 }
 
+int decode_gemm_choice(int64_t rows, int64_t n, int64_t k) {
+  // docs/benchmarks.md, "Decode GEMMs of 3-128 rows on wgmma fed by TMA": per launch on the H100
+  // the kernel beat cuBLASLt on falcon-7b's fc1 / fc2 (165 MB) and lm_head (590 MB) from 3 to 32
+  // rows (256 k a stage to 16 rows, 64 above), and lost on qkv / dense (42 MB: about 2 us more
+  // to fill and drain) and at 64-128 rows (x re-read from L2 beside every w tile).
+  constexpr int64_t kMinWeightBytes = int64_t{128} << 20;
+  if (rows < 3 || rows > 32 || n * k * 2 < kMinWeightBytes) return 0;
+  return rows <= 16 ? 4 : 3;
+}
+
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
   if (weight.dtype() == DType::kF8E4M3) return linear_fp8(x, weight, bias, out, epilogue);
@@ -428,14 +437,16 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
     CUDA_CHECK_LAUNCH();
     return;
   }
-  if (tuning().decode_gemm > 0 && n_tokens >= 3 &&
-      kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw())) {
+  int dg = tuning().decode_gemm;
+  if (dg < 0) dg = decode_gemm_choice(n_tokens, n_out, n_in);
+  if (dg > 0 && n_tokens >= 3 &&
+      kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw()) &&
+      (tuning().decode_gemm > 0 || decode_gemm_workspace(stream()).sm90)) {
     const bool launched = kernels::decode_gemm(
         x.data<uint16_t>(), weight.data<uint16_t>(),
         bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
         epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
-        out.raw(), out.dtype() == DType::kF32, tuning().decode_gemm,
-        decode_gemm_workspace(stream()), stream());
+        out.raw(), out.dtype() == DType::kF32, dg, decode_gemm_workspace(stream()), stream());
     CUDA_CHECK_LAUNCH();
     if (launched) {
       g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);

@@ -88,7 +88,8 @@ void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t ro
 // tiles shared equally by a persistent grid (stream-K). Needs decode_gemm_supported and a
 // workspace with sm90 set; returns false when it did not launch (another card, more tiles than
 // flags, or the driver refused a tensor map): the caller takes another path. variant: 1 plain
-// loads, 2 w's loads marked evict-first in L2.
+// loads, 2 w's loads marked evict-first in L2, 3 that with a stage's wgmma left running while the
+// next stage's is issued, 4 that with 256 k a stage up to 32 rows (128 above).
 constexpr int kDecodeGemmMaxRows = 128;
 // A partial tile a block (partial_floats floats) and a flag a tile (n_flags ints, zero before
 // the first use; each launch leaves them zero). One workspace a stream: launches on it must not

@@ -20,9 +20,11 @@ struct Tuning {
   // faster and applies (variant 4 for 1 row, 6 for 2), 0 cuBLASLt only, 1..6 that GEMV variant
   // for every 1..8 rows.
   int gemv = -1;
-  // Linears of 3..128 rows (gemm.cpp, decode_gemm.cu). KESTREL_DECODE_GEMM: 0 cuBLASLt (measured
-  // faster in the model), 1 the wgmma decode GEMM for every 3..128 rows where it applies, 2 the
-  // same with w's loads marked evict-first in L2.
+  // Linears of 3..128 rows (gemm.cpp, decode_gemm.cu). KESTREL_DECODE_GEMM: -1 the wgmma decode
+  // GEMM where it measured faster than cuBLASLt alone (cuda::decode_gemm_choice), 0 cuBLASLt
+  // only (faster in the model so far), 1 the decode GEMM for every 3..128 rows where it applies,
+  // 2 the same with w's loads marked evict-first in L2, 3 that with a stage's wgmma left running
+  // while the next stage's is issued, 4 that with 256 k a stage (128 above 32 rows).
   int decode_gemm = 0;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
