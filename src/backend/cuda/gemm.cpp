@@ -2,10 +2,10 @@
 // 1-2 rows (decode) take the hand-written GEMV (gemv.cu) with the whole epilogue inside; with
 // KESTREL_DECODE_GEMM set, 3-128 rows take the wgmma decode GEMM (decode_gemm.cu) on compute
 // capability 9.0 (-1: where it measured faster alone, decode_gemm_choice); the rest go through
-// cuBLASLt, bf16 operands, fp32 accumulation, the bias in the epilogue, out in
-// bf16 or f32, accumulate as beta = 1, GELU in the epilogue too (else a kernel after). One plan
-// (descriptors + the heuristic's best algorithm) per shape, made at first use and cached, with a 32
-// MiB workspace. FP8 weights: the weight-only FP8 GEMV for 1-2 rows (fp8.cu); more rows quantize
+// cuBLASLt, bf16 operands, fp32 accumulation, the bias in the epilogue, out in bf16 or f32,
+// accumulate as beta = 1, GELU in the epilogue too (else a kernel after). One plan (descriptors
+// + the heuristic's best algorithm) per shape, made at first use and cached, with a 32 MiB
+// workspace. FP8 weights: the weight-only FP8 GEMV for 1-2 rows (fp8.cu); more rows quantize
 // the activations per token to E4M3 and run cuBLASLt's FP8 GEMM with outer-vector scales (weight
 // row x token) and the same epilogues.
 #include <algorithm>
@@ -437,27 +437,33 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
     CUDA_CHECK_LAUNCH();
     return;
   }
-  int dg = tuning().decode_gemm;
-  if (dg < 0) dg = decode_gemm_choice(n_tokens, n_out, n_in);
+  // The decode GEMM: a forced variant (1..4) wherever it applies, else (-1) its measured choice
+  // on cards that run it (other cards stay with cuBLASLt quietly).
+  const bool forced = tuning().decode_gemm > 0;
+  const int dg = forced                     ? tuning().decode_gemm
+                 : tuning().decode_gemm < 0 ? decode_gemm_choice(n_tokens, n_out, n_in)
+                                            : 0;
   if (dg > 0 && n_tokens >= 3 &&
-      kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw()) &&
-      (tuning().decode_gemm > 0 || decode_gemm_workspace(stream()).sm90)) {
-    const bool launched = kernels::decode_gemm(
-        x.data<uint16_t>(), weight.data<uint16_t>(),
-        bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
-        epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
-        out.raw(), out.dtype() == DType::kF32, dg, decode_gemm_workspace(stream()), stream());
-    CUDA_CHECK_LAUNCH();
-    if (launched) {
-      g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);
-      return;
+      kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw())) {
+    const kernels::DecodeGemmWorkspace& ws = decode_gemm_workspace(stream());
+    if (forced || ws.sm90) {
+      const bool launched = kernels::decode_gemm(
+          x.data<uint16_t>(), weight.data<uint16_t>(),
+          bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
+          epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
+          out.raw(), out.dtype() == DType::kF32, dg, ws, stream());
+      CUDA_CHECK_LAUNCH();
+      if (launched) {
+        g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      static std::once_flag warned;
+      std::call_once(warned, [] {
+        spdlog::warn(
+            "linear (cuda): the decode GEMM did not launch here (card or tensor map); "
+            "cuBLASLt takes its shapes");
+      });
     }
-    static std::once_flag warned;
-    std::call_once(warned, [] {
-      spdlog::warn(
-          "linear (cuda): the decode GEMM did not launch here (card or tensor map); "
-          "cuBLASLt takes its shapes");
-    });
   }
   linear_cublas(x, weight, bias, out, epilogue);
 }
