@@ -3,7 +3,7 @@
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
 // the linears of 4-128 rows (cuBLASLt against the wgmma decode GEMM), and one decode step's LoRA
 // work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|DecodeGemm|Lora]
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|DecodeGemm|Residual|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -181,6 +181,50 @@ void BM_DecodeGemm(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeGemm)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {4, 16, 32, 64, 128}, {0, 2, 3, 4}})
+    ->UseManualTime()
+    ->MinTime(0.05)
+    ->Unit(benchmark::kMicrosecond);
+
+// Parallel attention's residual at falcon-7b's shapes: x += fc2(ffn) + dense(attn), as two
+// linears (dense apart, then fc2 with it as the addend) or as one linear of two products.
+// Args: rows, fused (0 / 1), decode GEMM mode (0 cuBLASLt, -1 its choice, 1..4 a variant); the
+// GEMV as linear picks it. Each timed iteration is 8 of them back to back (per pair reported);
+// weights rotate past the L2.
+void BM_Residual(benchmark::State& state) {
+  const int64_t m = state.range(0);
+  const bool fused = state.range(1) != 0;
+  const int mode = static_cast<int>(state.range(2));
+  state.SetLabel(std::string(fused ? "fused" : "apart") + ", decode gemm " + std::to_string(mode));
+  LinearOperands fc2(kLinear[3], m), dense(kLinear[1], m);
+  Tensor x = device_bf16({m, 4544}, 5), attn_out = device_bf16({m, 4544}, 6);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
+  auto run = [&](int64_t i) {
+    const Tensor& wd = dense.ws[i % dense.copies];
+    const Tensor& wf = fc2.ws[i % fc2.copies];
+    if (fused) {
+      ops::linear(fc2.x, wf, Tensor(), x, {.accumulate = true, .plus = {&dense.x, &wd}});
+    } else {
+      ops::linear(dense.x, wd, Tensor(), attn_out);
+      ops::linear(fc2.x, wf, Tensor(), x, {.accumulate = true, .addend = &attn_out});
+    }
+  };
+  constexpr int kLaunches = 8;
+  int64_t i = 0;
+  for (int w = 0; w < 3; ++w) run(++i);
+  ops::synchronize(Device::kCuda);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLaunches; ++l) run(++i);
+    ops::synchronize(Device::kCuda);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
+  }
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
+  state.counters["TB/s"] = benchmark::Counter((fc2.bytes + dense.bytes) * 1e-12,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Residual)
+    ->ArgsProduct({{1, 2, 4, 16, 32, 64, 128}, {0, 1}, {0, -1, 4}})
     ->UseManualTime()
     ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);

@@ -200,8 +200,8 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
   KESTREL_DISPATCH(x, layer_norm, x, weight, bias, eps, out);
 }
 
-void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
-            const LinearEpilogue& epilogue) {
+static void check_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                         const LinearEpilogue& epilogue) {
   expect("linear", "x", x, act_dtype(x), 2);
   // On CUDA the output may also be F32 (the logits).
   if (x.device() == Device::kCuda && out.dtype() == DType::kF32) {
@@ -242,7 +242,47 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
                   dtype_name(epilogue.addend->dtype()), " for out ", shape_str(out.shape()), " ",
                   dtype_name(out.dtype()));
   }
+  if (const LinearTerm& t = epilogue.plus; t.x || t.weight || t.bias) {
+    KESTREL_CHECK(t.x && t.weight, "linear: a second product needs its x and weight");
+    KESTREL_CHECK(epilogue.accumulate && !epilogue.gelu && !epilogue.addend,
+                  "linear: a second product needs accumulate, without GELU or an addend");
+    KESTREL_CHECK(weight.dtype() == act_dtype(x) && t.weight->dtype() == act_dtype(x),
+                  "linear: a second product needs both weights at full width");
+    expect("linear", "second x", *t.x, act_dtype(x), 2);
+    KESTREL_CHECK(t.weight->ndim() == 2 && t.x->dim(0) == x.dim(0) &&
+                      t.weight->dim(0) == weight.dim(0) && t.weight->dim(1) == t.x->dim(1),
+                  "linear: second x ", shape_str(t.x->shape()), ", weight ",
+                  shape_str(t.weight->shape()), " beside x ", shape_str(x.shape()), ", weight ",
+                  shape_str(weight.shape()));
+    KESTREL_CHECK(!t.bias || !t.bias->defined() || t.bias->numel() == weight.dim(0),
+                  "linear: second bias ", shape_str(t.bias->shape()), " for ", weight.dim(0),
+                  " outputs");
+    KESTREL_CHECK(t.x->raw() != out.raw(), "linear: the second x must be apart from out");
+    same_device("linear", x, *t.x);
+    same_device("linear", x, *t.weight);
+  }
+}
+
+void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+            const LinearEpilogue& epilogue) {
+  check_linear(x, weight, bias, out, epilogue);
   KESTREL_DISPATCH(x, linear, x, weight, bias, out, epilogue);
+}
+
+void linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2) {
+  check_linear(x, w1, b1, out1, {});
+  check_linear(x, w2, b2, out2, {.gelu = gelu2});
+  KESTREL_CHECK(w1.dtype() == act_dtype(x) && w2.dtype() == act_dtype(x),
+                "linear_pair: weights at full width only");
+  KESTREL_CHECK(out1.raw() != x.raw() && out2.raw() != x.raw() && out1.raw() != out2.raw(),
+                "linear_pair: out1, out2 and x must be apart");
+#ifdef KESTREL_CUDA
+  if (x.device() == Device::kCuda && cuda::linear_pair(x, w1, b1, out1, w2, b2, out2, gelu2))
+    return;
+#endif
+  linear(x, w1, b1, out1);
+  linear(x, w2, b2, out2, {.gelu = gelu2});
 }
 
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {

@@ -57,10 +57,23 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 // add, cuBLAS's beta = 1) instead of out = y; with addend (accumulate only; out's shape and
 // dtype, apart from out and x): out += y + *addend, summed in fp32 and rounded once (parallel
 // attention's x += attn + mlp).
+// A second product that linear sums with its own before the epilogue: x2 [T, in2] @
+// weight2 [out, in2]^T (+ bias2 [out]), the same rows and outputs, any in2.
+struct LinearTerm {
+  const Tensor* x = nullptr;
+  const Tensor* weight = nullptr;
+  const Tensor* bias = nullptr;  // null or undefined: none
+};
+
 struct LinearEpilogue {
   bool gelu = false;
   bool accumulate = false;
   const Tensor* addend = nullptr;
+  // out += x @ weight^T + bias + plus (accumulate only, no GELU or addend, weights at full
+  // width): parallel attention's x += fc2(ffn) + dense(attn), both products summed in fp32 and
+  // rounded once, in one kernel where the GEMV or the decode GEMM takes the rows (CUDA; else
+  // dense apart, rounded, as the addend).
+  LinearTerm plus = {};
   // FP8 weights (weight F8_E4M3): the F32 scales that dequantize it, one per output row [out] or
   // one for the tensor [1]: y = x @ (weight * scale)^T. Required with an FP8 weight, refused with
   // any other.
@@ -83,6 +96,12 @@ void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);
 // out = epilogue(x @ weight^T (+ bias)). x [T, in], weight [out, in], bias [out] or undefined.
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const LinearEpilogue& epilogue = {});
+
+// Two linears of one x (parallel attention's qkv and fc1 + GELU), weights at full width:
+// out1 = x @ w1^T + b1 and out2 = x @ w2^T + b2, GELU on out2 where gelu2. On CUDA one GEMV
+// launch over both weights' rows where the GEMV takes the rows; elsewhere two linears.
+void linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2);
 
 // x = gelu(x), exact (erf) form. In place.
 void gelu(Tensor& x);

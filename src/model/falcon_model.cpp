@@ -380,8 +380,16 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
   };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const FalconLayerWeights& w = layers_[l];
+    // qkv and fc1 + GELU of one LayerNorm's output in one linear_pair (one GEMV launch for a
+    // decode step of 1-2 sequences) unless an adapter's fc1 delta must land before GELU.
+    const bool pair = c.parallel_attn && !c.two_layer_norms() && lora.empty() &&
+                      !w.qkv_s.defined() && !w.fc1_s.defined();
     ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
-    ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv, fp8(w.qkv_s));
+    if (pair) {
+      ops::linear_pair(ln_a, w.qkv_w, w.qkv_b, qkv, w.fc1_w, w.fc1_b, ffn, /*gelu2=*/true);
+    } else {
+      ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv, fp8(w.qkv_s));
+    }
     lora.add(l, LoraModule::kQkv, ln_a, qkv);
     ops::qkv_rotary_kv_write(qkv, cos, sin, slots, q, k, v, cache.k(l), cache.v(l));
     ops::paged_attention(q, cache.k(l), cache.v(l), tables, cu_q, kv_lens, max_kv_len, scale, attn,
@@ -390,6 +398,7 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     // GELU in fc1's epilogue unless an adapter's delta must land before it.
     const bool fuse_gelu = lora.empty();
     auto fc1_gelu = [&](const Tensor& mlp_in) {
+      if (pair) return;  // (with qkv, above)
       ops::linear(mlp_in, w.fc1_w, w.fc1_b, ffn, fp8(w.fc1_s, {.gelu = fuse_gelu}));
       if (!fuse_gelu) {
         lora.add(l, LoraModule::kFc1, mlp_in, ffn);
@@ -397,12 +406,20 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
       }
     };
     const ops::LinearEpilogue into_x{.accumulate = true};  // residual adds: x += linear(...)
-    if (c.parallel_attn && !tp_.comm) {
+    const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
+    if (c.parallel_attn && !tp_.comm && lora.empty() && !w.dense_s.defined() &&
+        !w.fc2_s.defined()) {
+      // x += fc2(gelu(fc1(ln))) + dense(attn): one linear of two products (one kernel where the
+      // GEMV or the decode GEMM takes the rows: dense's weights streamed right before fc2's).
+      if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
+      fc1_gelu(mlp_in);
+      ops::linear(ffn, w.fc2_w, w.fc2_b, x,
+                  {.accumulate = true, .plus = {&attn_flat, &w.dense_w, &w.dense_b}});
+    } else if (c.parallel_attn && !tp_.comm) {
       // x += attn_out + fc2(gelu(fc1(ln))) in fc2's epilogue, rounded once as the 3-way add was
       // (attn_out = x + dense first, then x = attn_out + fc2 through cuBLASLt's C, saved the
       // add's pass but rounded twice: lora-falcon40b-gqa's graphs went to 0.022 of the CPU's
-      // logits against the 0.02 bound).
-      const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
+      // logits against the 0.02 bound). Adapters' deltas land on dense's output.
       ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out, fp8(w.dense_s));
       lora.add(l, LoraModule::kDense, attn_flat, attn_out);
       if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
@@ -413,7 +430,6 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
     } else if (c.parallel_attn) {  // row-parallel partial sums: ONE all-reduce for both
       ops::linear(attn_flat, w.dense_w, w.dense_b, attn_out, fp8(w.dense_s));
       lora.add(l, LoraModule::kDense, attn_flat, attn_out);
-      const Tensor& mlp_in = c.two_layer_norms() ? ln_m : ln_a;
       if (c.two_layer_norms()) ops::layer_norm(x, w.ln_mlp_w, w.ln_mlp_b, eps, ln_m);
       fc1_gelu(mlp_in);
       ops::linear(ffn, w.fc2_w, w.fc2_b, mlp_out, fp8(w.fc2_s));

@@ -1,6 +1,7 @@
 // ops::linear on CUDA against the CPU op: the GEMV of 1..8 rows (each variant), the wgmma decode
 // GEMM of 3..128 rows and cuBLASLt, with and without bias, the GELU / accumulate
-// epilogues, bf16 and f32 out, k not a multiple of 8 (cuBLASLt then); fresh random bf16-rounded
+// epilogues, bf16 and f32 out, k not a multiple of 8 (cuBLASLt then), a second product summed
+// before the residual add (parallel attention's fc2 + dense); fresh random bf16-rounded
 // inputs, outputs poisoned (NaN) or, for accumulate, random. Timing: bench/cuda_ops_bench.cpp.
 #include <gtest/gtest.h>
 
@@ -45,11 +46,13 @@ struct Case {
   int64_t n, in, out;
   bool bias, f32_out, gelu, accumulate;
   bool addend = false;  // accumulate with a second addend (bf16 out)
+  int64_t in2 = 0;      // > 0: a second product x2 [n, in2] @ w2 [out, in2]^T (+ b2), accumulate
 };
 
 // One case's fresh random inputs (bf16-rounded) and the CPU's result for them.
 struct Prepared {
   Tensor x, w, b, start, add, ref;
+  Tensor x2, w2, b2;  // the second product's, if any
 };
 
 Prepared prepare(const Case& c) {
@@ -63,8 +66,16 @@ Prepared prepare(const Case& c) {
   p.ref = Tensor::empty(DType::kF32, {c.n, c.out});
   std::copy(p.start.data<float>(), p.start.data<float>() + p.start.numel(), p.ref.data<float>());
   p.add = c.addend ? random_host({c.n, c.out}) : Tensor();
+  if (c.in2 > 0) {
+    p.x2 = random_host({c.n, c.in2});
+    p.w2 = random_host({c.out, c.in2}, -0.1f, 0.1f);
+    p.b2 = c.bias ? random_host({c.out}) : Tensor();
+  }
   ops::linear(p.x, p.w, p.b, p.ref,
-              {.gelu = c.gelu, .accumulate = c.accumulate, .addend = c.addend ? &p.add : nullptr});
+              {.gelu = c.gelu,
+               .accumulate = c.accumulate,
+               .addend = c.addend ? &p.add : nullptr,
+               .plus = c.in2 > 0 ? ops::LinearTerm{&p.x2, &p.w2, &p.b2} : ops::LinearTerm{}});
   return p;
 }
 
@@ -72,10 +83,18 @@ Prepared prepare(const Case& c) {
 double check(const Case& c, const Prepared& p) {
   Tensor out = to_gpu(p.start, c.f32_out ? DType::kF32 : DType::kBF16);
   Tensor add_gpu = c.addend ? to_gpu(p.add, DType::kBF16) : Tensor();
-  ops::linear(
-      to_gpu(p.x, DType::kBF16), to_gpu(p.w, DType::kBF16),
-      c.bias ? to_gpu(p.b, DType::kBF16) : Tensor(), out,
-      {.gelu = c.gelu, .accumulate = c.accumulate, .addend = c.addend ? &add_gpu : nullptr});
+  Tensor x2, w2, b2;
+  if (c.in2 > 0) {
+    x2 = to_gpu(p.x2, DType::kBF16);
+    w2 = to_gpu(p.w2, DType::kBF16);
+    b2 = c.bias ? to_gpu(p.b2, DType::kBF16) : Tensor();
+  }
+  ops::linear(to_gpu(p.x, DType::kBF16), to_gpu(p.w, DType::kBF16),
+              c.bias ? to_gpu(p.b, DType::kBF16) : Tensor(), out,
+              {.gelu = c.gelu,
+               .accumulate = c.accumulate,
+               .addend = c.addend ? &add_gpu : nullptr,
+               .plus = c.in2 > 0 ? ops::LinearTerm{&x2, &w2, &b2} : ops::LinearTerm{}});
   return norm_error(ops::to_host_f32(out), p.ref);
 }
 
@@ -126,6 +145,14 @@ std::vector<Case> cases() {
   v.push_back({128, 4544, 4672, true, false, false, false});       // qkv, 128-token prompt
   v.push_back({96, 18176, 4544, true, false, false, true, true});  // fc2 + residual, k split
   v.push_back({5, 8, 5, true, true, true, true});                  // one chunk per row
+  // x += fc2(ffn) + dense(attn): both products in the GEMV (1-2 rows) or the decode GEMM (the
+  // second's 64-k slices after the first's, its last one partial), else dense apart.
+  for (int64_t n : {1, 2, 3, 5, 8, 16, 17, 32, 64, 128})
+    v.push_back({n, 18176, 4544, n % 2 == 1, false, false, true, false, 4544});
+  v.push_back({4, 264, 65, true, false, false, true, false, 200});
+  v.push_back({1, 1000, 777, false, false, false, true, false, 24});
+  v.push_back({33, 1000, 777, true, false, false, true, false, 136});
+  v.push_back({4, 256, 100, true, false, false, true, false, 30});  // k2 % 8 != 0: apart
   return v;
 }
 
@@ -143,24 +170,83 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
 #ifdef KESTREL_CUDA
       // On a card that runs it, every case of 3..128 rows (k % 8 == 0) must take the decode
       // GEMM when a variant is forced, and the cases its measured choice names when not (-1),
-      // never falling back to cuBLASLt unseen.
-      const bool chosen = decode > 0 || cuda::decode_gemm_choice(c.n, c.out, c.in) > 0;
-      const bool decode_expected = decode != 0 && chosen && gemv == 0 && c.n >= 3 && c.n <= 128 &&
-                                   c.in % 8 == 0 && cuda::decode_gemm_available();
+      // never falling back to cuBLASLt unseen. Both products in one launch where it takes
+      // them; else the second apart, then the first, each where it takes it.
+      auto takes = [&](int64_t k, int64_t k_all) {
+        return (decode > 0 || cuda::decode_gemm_choice(c.n, c.out, k_all) > 0) && k % 8 == 0;
+      };
+      int64_t expected = 0;
+      if (decode != 0 && gemv == 0 && c.n >= 3 && c.n <= 128 && cuda::decode_gemm_available()) {
+        if (c.in2 == 0) {
+          expected = takes(c.in, c.in) ? 1 : 0;
+        } else if (takes(c.in, c.in + c.in2) && c.in2 % 8 == 0) {
+          expected = 1;
+        } else {
+          expected = (takes(c.in2, c.in2) ? 1 : 0) + (takes(c.in, c.in) ? 1 : 0);
+        }
+      }
       const int64_t launches = cuda::decode_gemm_launches();
 #endif
       const double err = check(c, p);
 #ifdef KESTREL_CUDA
       // ... and no other case may (-1 leaves the rest to cuBLASLt).
       if (decode != 0 && gemv == 0 && cuda::decode_gemm_available())
-        EXPECT_EQ(cuda::decode_gemm_launches(), launches + (decode_expected ? 1 : 0))
-            << "decode gemm " << decode << (decode_expected ? " did not run: " : " ran: ") << c.n
-            << "x" << c.in << "->" << c.out;
+        EXPECT_EQ(cuda::decode_gemm_launches(), launches + expected)
+            << "decode gemm " << decode << ": " << c.n << "x" << c.in << "(+" << c.in2 << ")->"
+            << c.out;
 #endif
       EXPECT_LE(err, kLinearBound)
           << "gemv " << gemv << " decode gemm " << decode << ": " << c.n << "x" << c.in << "->"
           << c.out << " bias " << c.bias << " f32 " << c.f32_out << " gelu " << c.gelu << " acc "
-          << c.accumulate << " addend " << c.addend;
+          << c.accumulate << " addend " << c.addend << " in2 " << c.in2;
+    }
+  }
+  set_modes(-1, 0);
+}
+
+// ops::linear_pair (qkv and fc1 + GELU of one x): one GEMV launch over both weights' rows at
+// 1-8 rows in each variant that takes it (a block's rows straddle the two weights where n1 is
+// odd), two linears elsewhere; both outputs against the CPU's.
+TEST(CudaLinear, PairMatchesCpu) {
+  REQUIRE_GPU();
+  struct PairCase {
+    int64_t n, in, n1, n2;
+    bool bias, gelu2;
+  };
+  std::vector<PairCase> pcs;
+  for (int64_t n = 1; n <= 8; ++n) {
+    pcs.push_back({n, 4544, 4672, 18176, n % 2 == 0, true});
+    pcs.push_back({n, 264, 65, 130, n % 2 == 1, n % 3 != 0});
+  }
+  pcs.push_back({1, 1000, 777, 3, true, true});
+  pcs.push_back({2, 8, 5, 7, true, false});
+  pcs.push_back({4, 100, 30, 40, true, true});  // k % 8 != 0: two cuBLASLt linears
+  pcs.push_back({40, 256, 300, 1000, true, true});
+  for (const PairCase& c : pcs) {
+    Tensor x = random_host({c.n, c.in});
+    Tensor w1 = random_host({c.n1, c.in}, -0.1f, 0.1f), w2 = random_host({c.n2, c.in}, -0.1f, 0.1f);
+    Tensor b1 = c.bias ? random_host({c.n1}) : Tensor(),
+           b2 = c.bias ? random_host({c.n2}) : Tensor();
+    Tensor ref1 = Tensor::empty(DType::kF32, {c.n, c.n1}),
+           ref2 = Tensor::empty(DType::kF32, {c.n, c.n2});
+    ops::linear_pair(x, w1, b1, ref1, w2, b2, ref2, c.gelu2);
+    const Tensor xg = to_gpu(x, DType::kBF16), w1g = to_gpu(w1, DType::kBF16),
+                 w2g = to_gpu(w2, DType::kBF16);
+    const Tensor b1g = c.bias ? to_gpu(b1, DType::kBF16) : Tensor(),
+                 b2g = c.bias ? to_gpu(b2, DType::kBF16) : Tensor();
+    for (int gemv : {-1, 0, 1, 4, 5, 6}) {
+      set_modes(gemv, 0);
+      Tensor nan1 = Tensor::empty(DType::kF32, {c.n, c.n1}),
+             nan2 = Tensor::empty(DType::kF32, {c.n, c.n2});
+      std::fill(nan1.data<float>(), nan1.data<float>() + nan1.numel(), NAN);
+      std::fill(nan2.data<float>(), nan2.data<float>() + nan2.numel(), NAN);
+      Tensor out1 = to_gpu(nan1, DType::kBF16), out2 = to_gpu(nan2, DType::kBF16);
+      ops::linear_pair(xg, w1g, b1g, out1, w2g, b2g, out2, c.gelu2);
+      const double e1 = norm_error(ops::to_host_f32(out1), ref1);
+      const double e2 = norm_error(ops::to_host_f32(out2), ref2);
+      EXPECT_LE(std::max(e1, e2), kLinearBound)
+          << "gemv " << gemv << ": " << c.n << "x" << c.in << "->" << c.n1 << "+" << c.n2
+          << " bias " << c.bias << " gelu " << c.gelu2 << " (errors " << e1 << ", " << e2 << ")";
     }
   }
   set_modes(-1, 0);

@@ -1,7 +1,7 @@
 // CPU linear: out [T, n_out] = epilogue(x [T, n_in] @ weight [n_out, in]^T + bias).
 // OpenBLAS sgemm when built with it; otherwise a blocked OpenMP dot-product
 // loop (weights are row-major [out, in], so each output is a contiguous dot).
-// The epilogue (GELU, accumulate into out) follows ops::LinearEpilogue. FP8
+// The epilogue (GELU, accumulate into out, a second product) follows ops::LinearEpilogue. FP8
 // weights are dequantized to F32 (q * scale) for the product: fp32 math on the
 // values the FP8 weights hold, optionally on activations rounded to FP8 per row.
 #include <algorithm>
@@ -126,6 +126,15 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
   }
   Tensor y = epilogue.accumulate ? Tensor::empty(DType::kF32, out.shape()) : out;
   matmul_bias(x, weight, bias, y);
+  if (const ops::LinearTerm& t = epilogue.plus; t.x) {  // the second product, summed in fp32
+    Tensor y2 = Tensor::empty(DType::kF32, out.shape());
+    matmul_bias(*t.x, *t.weight, t.bias ? *t.bias : Tensor(), y2);
+    float* yp = y.data<float>();
+    const float* y2p = y2.data<float>();
+    const int64_t n = y.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) yp[i] += y2p[i];
+  }
   const int64_t n = out.numel();
   const float* yp = y.data<float>();
   const float* ap = epilogue.addend ? epilogue.addend->data<float>() : nullptr;

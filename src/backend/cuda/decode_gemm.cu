@@ -63,9 +63,11 @@ struct Cfg {
 };
 
 struct GemmArgs {
-  const uint16_t* bias;  // [n] or null
+  const uint16_t* bias;   // [n] or null
+  const uint16_t* bias2;  // the second product's, [n] or null
   int64_t m, n;
   int64_t k_tiles, steps;  // k slices (KB boxes of 64) a tile; tiles x k_tiles
+  int64_t k_tiles1;        // the first product's slices; a second product's follow them
   bool gelu, accumulate, f32_out;
   bool w_evict_first;      // w's boxes leave L2 first (read once; x and the partials stay)
   bool pipelined;          // a stage's wgmma runs while the next stage's is issued
@@ -224,11 +226,14 @@ __device__ __forceinline__ int64_t block_of(int64_t step, int64_t steps, int64_t
   return ((step + 1) * g - 1) / steps;
 }
 
-// x's and w's tensor maps, then the launch's arguments. Block: 3 warpgroups (above).
+// w's and x's tensor maps, those of the second product (the first's again without one), then
+// the launch's arguments. Block: 3 warpgroups (above).
 template <int NT, int KB>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_gemm_kernel(const __grid_constant__ CUtensorMap w_map,
-                       const __grid_constant__ CUtensorMap x_map, const GemmArgs a) {
+                       const __grid_constant__ CUtensorMap x_map,
+                       const __grid_constant__ CUtensorMap w2_map,
+                       const __grid_constant__ CUtensorMap x2_map, const GemmArgs a) {
 #ifdef KESTREL_WGMMA
   using C = Cfg<NT, KB>;
   extern __shared__ uint8_t smem_raw[];
@@ -245,6 +250,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The two tensor maps into the TMA unit's cache while the barriers are set up.
     asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
     asm volatile("prefetch.tensormap [%0];" ::"l"(&x_map) : "memory");
+    if (a.k_tiles1 < a.k_tiles) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&w2_map) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&x2_map) : "memory");
+    }
     for (int s = 0; s < C::kStages; ++s) {
       mbar_init(&full[s], 1);   // the producer's arrive, plus the bytes of the stage
       mbar_init(&empty[s], 8);  // each consumer warp
@@ -261,7 +270,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int64_t step = begin; step < end; ++step) {
-      const int tile = static_cast<int>(step / a.k_tiles), kt = static_cast<int>(step % a.k_tiles);
+      const int tile = static_cast<int>(step / a.k_tiles);
+      int kt = static_cast<int>(step % a.k_tiles);
+      // The second product's slices follow the first's.
+      const bool second = kt >= a.k_tiles1;
+      const CUtensorMap* wm = second ? &w2_map : &w_map;
+      const CUtensorMap* xm = second ? &x2_map : &x_map;
+      if (second) kt -= static_cast<int>(a.k_tiles1);
       mbar_wait(&empty[stage], phase ^ 1);
       uint8_t* st = smem + stage * C::kStageBytes;
       mbar_expect_tx(&full[stage], C::kStageBytes);
@@ -269,15 +284,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int bx = 0; bx < KB; ++bx) {
         const int k0 = (kt * KB + bx) * kTileK;
         if (a.w_evict_first) {
-          tma_load_hint(st + bx * kWBytes, &w_map, &full[stage], k0, tile * kTileN, policy);
+          tma_load_hint(st + bx * kWBytes, wm, &full[stage], k0, tile * kTileN, policy);
         } else {
-          tma_load(st + bx * kWBytes, &w_map, &full[stage], k0, tile * kTileN);
+          tma_load(st + bx * kWBytes, wm, &full[stage], k0, tile * kTileN);
         }
       }
 #pragma unroll
       for (int bx = 0; bx < KB; ++bx)
-        tma_load(st + KB * kWBytes + bx * C::kXBox, &x_map, &full[stage], (kt * KB + bx) * kTileK,
-                 0);
+        tma_load(st + KB * kWBytes + bx * C::kXBox, xm, &full[stage], (kt * KB + bx) * kTileK, 0);
       if (++stage == C::kStages) {
         stage = 0;
         phase ^= 1;
@@ -375,7 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < C::kSub / 2; ++i) {
         const int64_t row = row0 + r_base + 8 * ((i % 4) / 2), col = x_row(s, i);
         if (row >= a.n || col >= a.m) continue;
-        const float bv = a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f;
+        const float bv = (a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f) +
+                         (a.bias2 ? bf16_bits_to_f32(a.bias2[row]) : 0.0f);
         store_epilogue(acc[s][i] + bv, a.gelu, a.accumulate, a.addend, a.out, a.f32_out,
                        col * a.n + row);
       }
@@ -413,7 +428,7 @@ bool make_map(CUtensorMap* map, const void* base, int64_t rows, int64_t k, int b
 template <int NT, int KB>
 bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t m,
             int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out,
-            bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s) {
+            bool f32_out, const DecodeGemmWorkspace& ws, cudaStream_t s, const SecondTerm& plus) {
   using C = Cfg<NT, KB>;
   auto* kernel = decode_gemm_kernel<NT, KB>;
   {                                         // once a device, before any capture needs it
@@ -428,13 +443,25 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
       opted.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
-  CUtensorMap w_map, x_map;
+  CUtensorMap w_map, x_map, w2_map, x2_map;
   if (!make_map(&w_map, w, n, k, kTileN) || !make_map(&x_map, x, m, k, NT)) return false;
+  const bool two = plus.k > 0;
+  if (two ? !make_map(&w2_map, plus.w, n, plus.k, kTileN) ||
+                !make_map(&x2_map, plus.x, m, plus.k, NT)
+          : false)
+    return false;
+  if (!two) {
+    w2_map = w_map;
+    x2_map = x_map;
+  }
   GemmArgs a{};
   a.bias = bias;
+  a.bias2 = two ? plus.bias : nullptr;
   a.m = m;
   a.n = n;
-  a.k_tiles = (k + KB * kTileK - 1) / (KB * kTileK);
+  const int64_t slice = KB * kTileK;
+  a.k_tiles1 = (k + slice - 1) / slice;
+  a.k_tiles = a.k_tiles1 + (two ? (plus.k + slice - 1) / slice : 0);
   const int64_t tiles = (n + kTileN - 1) / kTileN;
   if (tiles > ws.n_flags) return false;
   a.steps = tiles * a.k_tiles;
@@ -451,7 +478,8 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
   a.out = out;
   a.partial = ws.partial;
   a.flags = ws.flags;
-  pdl_launch(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, s, w_map, x_map, a);
+  pdl_launch(kernel, static_cast<unsigned>(grid), kThreads, C::kSmem, s, w_map, x_map, w2_map,
+             x2_map, a);
   return true;
 }
 
@@ -470,14 +498,14 @@ int64_t decode_gemm_workspace_floats(int sms) {
 bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
                  int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
                  void* out, bool f32_out, int variant, const DecodeGemmWorkspace& ws,
-                 cudaStream_t s) {
+                 cudaStream_t s, const SecondTerm& plus) {
   if (!ws.sm90) return false;  // the kernel's sm_90a code runs on compute capability 9.0 only
   if (n == 0 || rows == 0) return true;
   // Variant 4 reads 256 k a stage up to 32 rows and 128 above (shared memory holds 3-4 stages).
   const bool wide = variant >= 4;
   auto go = [&](auto nt, auto kb) {
     return launch<decltype(nt)::value, decltype(kb)::value>(
-        variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s);
+        variant, x, w, bias, rows, n, k, gelu, accumulate, addend, out, f32_out, ws, s, plus);
   };
   using I16 = std::integral_constant<int, 16>;
   using I32 = std::integral_constant<int, 32>;

@@ -408,6 +408,109 @@ int decode_gemm_choice(int64_t rows, int64_t n, int64_t k) {
   return rows <= 16 ? 4 : 3;
 }
 
+namespace {
+
+// The second product's operands for the kernels (k = 0: none).
+kernels::SecondTerm second_term(const ops::LinearTerm& t) {
+  if (!t.x) return {};
+  const bool has_bias = t.bias && t.bias->defined();
+  return {t.x->data<uint16_t>(), t.weight->data<uint16_t>(),
+          has_bias ? t.bias->data<uint16_t>() : nullptr, t.x->dim(1)};
+}
+
+// The GEMV variant linear's mode gives these rows (docs/gpu.md, "GEMV and fusions": v4, k split
+// over a block's warps, 2 rows of w a block, for 1 row; v6, 1 row of w a block, for 2; cuBLASLt's
+// split-K kernels win from 3 rows on); 0: none.
+int gemv_variant(int64_t n_tokens) {
+  const int mode = tuning().gemv;
+  return mode >= 0 ? mode : n_tokens == 1 ? 4 : n_tokens == 2 ? 6 : 0;
+}
+
+// The GEMV where linear's mode gives it these rows. False where it does not take them.
+bool try_gemv(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+              const ops::LinearEpilogue& epilogue) {
+  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
+  const int variant = gemv_variant(n_tokens);
+  if (variant <= 0 || !kernels::gemv_supported(n_tokens, n_in, x.raw(), weight.raw())) return false;
+  const ops::LinearTerm& t = epilogue.plus;
+  if (t.x && !(kernels::gemv_two_supported(variant) &&
+               kernels::gemv_supported(n_tokens, t.x->dim(1), t.x->raw(), t.weight->raw())))
+    return false;
+  kernels::gemv(x.data<uint16_t>(), weight.data<uint16_t>(),
+                bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,
+                epilogue.gelu, epilogue.accumulate,
+                epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr, out.raw(),
+                out.dtype() == DType::kF32, variant, stream(), second_term(t));
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+// The decode GEMM: a forced variant (1..4) wherever it applies, else (-1) its measured choice
+// (by all the weight bytes, both products') on cards that run it (other cards stay with
+// cuBLASLt quietly). False where it did not launch.
+bool try_decode_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
+                     const ops::LinearEpilogue& epilogue) {
+  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
+  const ops::LinearTerm& t = epilogue.plus;
+  const int64_t k_all = n_in + (t.x ? t.x->dim(1) : 0);
+  const bool forced = tuning().decode_gemm > 0;
+  const int dg = forced                     ? tuning().decode_gemm
+                 : tuning().decode_gemm < 0 ? decode_gemm_choice(n_tokens, n_out, k_all)
+                                            : 0;
+  if (dg <= 0 || n_tokens < 3 ||
+      !kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw()))
+    return false;
+  if (t.x &&
+      !kernels::decode_gemm_supported(n_tokens, n_out, t.x->dim(1), t.x->raw(), t.weight->raw()))
+    return false;
+  const kernels::DecodeGemmWorkspace& ws = decode_gemm_workspace(stream());
+  if (!forced && !ws.sm90) return false;
+  const bool launched = kernels::decode_gemm(
+      x.data<uint16_t>(), weight.data<uint16_t>(), bias.defined() ? bias.data<uint16_t>() : nullptr,
+      n_tokens, n_out, n_in, epilogue.gelu, epilogue.accumulate,
+      epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr, out.raw(),
+      out.dtype() == DType::kF32, dg, ws, stream(), second_term(t));
+  CUDA_CHECK_LAUNCH();
+  if (launched) {
+    g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  static std::once_flag warned;
+  std::call_once(warned, [] {
+    spdlog::warn(
+        "linear (cuda): the decode GEMM did not launch here (card or tensor map); "
+        "cuBLASLt takes its shapes");
+  });
+  return false;
+}
+
+}  // namespace
+
+bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2) {
+  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n1 = w1.dim(0), n2 = w2.dim(0);
+  const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::kBF16; };
+  const int variant = gemv_variant(n_tokens);
+  if (!tuning().two_products || !kernels::gemv_two_supported(variant) ||
+      x.dtype() != DType::kBF16 || w1.dtype() != DType::kBF16 || w2.dtype() != DType::kBF16 ||
+      out1.dtype() != DType::kBF16 || out2.dtype() != DType::kBF16 || !bf16(b1) || !bf16(b2) ||
+      !kernels::gemv_supported(n_tokens, n_in, x.raw(), w1.raw()) ||
+      !kernels::gemv_supported(n_tokens, n_in, x.raw(), w2.raw()))
+    return false;
+  if (n_tokens == 0 || n1 + n2 == 0) return true;
+  kernels::SecondTerm pair;
+  pair.w = w2.data<uint16_t>();
+  pair.bias = b2.defined() ? b2.data<uint16_t>() : nullptr;
+  pair.out = out2.raw();
+  pair.n1 = n1;
+  pair.gelu = gelu2;
+  kernels::gemv(x.data<uint16_t>(), w1.data<uint16_t>(),
+                b1.defined() ? b1.data<uint16_t>() : nullptr, n_tokens, n1 + n2, n_in, false, false,
+                nullptr, out1.raw(), false, variant, stream(), pair);
+  CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue) {
   if (weight.dtype() == DType::kF8E4M3) return linear_fp8(x, weight, bias, out, epilogue);
@@ -418,52 +521,22 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
                 "linear (cuda): out must be BF16 or F32");
   KESTREL_CHECK(!bias.defined() || bias.dtype() == DType::kBF16,
                 "linear (cuda): bias must be BF16");
-  const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n_out = weight.dim(0);
+  const int64_t n_tokens = x.dim(0), n_out = weight.dim(0);
   if (n_tokens == 0 || n_out == 0) return;
   KESTREL_CHECK(!epilogue.addend || out.dtype() == DType::kBF16,
                 "linear (cuda): an addend needs a BF16 out");
-  // Where the GEMV measured faster than cuBLASLt (docs/gpu.md, "GEMV and fusions"): v4 (k split
-  // over a block's warps, 2 rows of w a block) for 1 row, v6 (1 row of w a block) for 2, at
-  // every falcon-7b shape; cuBLASLt's split-K kernels win from 4 rows on.
-  const int mode = tuning().gemv;
-  int variant = mode;
-  if (mode < 0) variant = n_tokens == 1 ? 4 : n_tokens == 2 ? 6 : 0;
-  if (variant > 0 && kernels::gemv_supported(n_tokens, n_in, x.raw(), weight.raw())) {
-    kernels::gemv(x.data<uint16_t>(), weight.data<uint16_t>(),
-                  bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in,
-                  epilogue.gelu, epilogue.accumulate,
-                  epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr, out.raw(),
-                  out.dtype() == DType::kF32, variant, stream());
-    CUDA_CHECK_LAUNCH();
-    return;
-  }
-  // The decode GEMM: a forced variant (1..4) wherever it applies, else (-1) its measured choice
-  // on cards that run it (other cards stay with cuBLASLt quietly).
-  const bool forced = tuning().decode_gemm > 0;
-  const int dg = forced                     ? tuning().decode_gemm
-                 : tuning().decode_gemm < 0 ? decode_gemm_choice(n_tokens, n_out, n_in)
-                                            : 0;
-  if (dg > 0 && n_tokens >= 3 &&
-      kernels::decode_gemm_supported(n_tokens, n_out, n_in, x.raw(), weight.raw())) {
-    const kernels::DecodeGemmWorkspace& ws = decode_gemm_workspace(stream());
-    if (forced || ws.sm90) {
-      const bool launched = kernels::decode_gemm(
-          x.data<uint16_t>(), weight.data<uint16_t>(),
-          bias.defined() ? bias.data<uint16_t>() : nullptr, n_tokens, n_out, n_in, epilogue.gelu,
-          epilogue.accumulate, epilogue.addend ? epilogue.addend->data<uint16_t>() : nullptr,
-          out.raw(), out.dtype() == DType::kF32, dg, ws, stream());
-      CUDA_CHECK_LAUNCH();
-      if (launched) {
-        g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
-      static std::once_flag warned;
-      std::call_once(warned, [] {
-        spdlog::warn(
-            "linear (cuda): the decode GEMM did not launch here (card or tensor map); "
-            "cuBLASLt takes its shapes");
-      });
-    }
+  const ops::LinearTerm& t = epilogue.plus;
+  KESTREL_CHECK(!t.x || (t.x->dtype() == DType::kBF16 && t.weight->dtype() == DType::kBF16 &&
+                         (!t.bias || !t.bias->defined() || t.bias->dtype() == DType::kBF16) &&
+                         out.dtype() == DType::kBF16),
+                "linear (cuda): a second product needs BF16 operands and out");
+  const bool apart = t.x && !tuning().two_products;
+  if (!apart && try_gemv(x, weight, bias, out, epilogue)) return;
+  if (!apart && try_decode_gemm(x, weight, bias, out, epilogue)) return;
+  if (t.x) {  // no kernel sums both: the second apart, rounded, then the first with it as addend
+    Tensor y2 = Tensor::empty(DType::kBF16, out.shape(), Device::kCuda);
+    cuda::linear(*t.x, *t.weight, t.bias ? *t.bias : Tensor(), y2, {});
+    return cuda::linear(x, weight, bias, out, {.accumulate = true, .addend = &y2});
   }
   linear_cublas(x, weight, bias, out, epilogue);
 }

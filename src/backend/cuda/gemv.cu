@@ -16,6 +16,20 @@ namespace {
 
 constexpr int kGemvThreads = 128;  // 4 warps: small blocks keep the last wave short
 
+// SecondTerm in 16-byte chunks (kc = k / 8).
+struct Second {
+  const uint4* x = nullptr;
+  const uint4* w = nullptr;
+  const uint16_t* bias = nullptr;
+  int64_t kc = 0;
+  void* out = nullptr;  // a pair: rows [n1, n) of the launch are w's, into out
+  int64_t n1 = 0;
+  bool gelu = false;
+};
+
+// What a launch computes: one product, two summed (kSum), or two side by side (kPair).
+enum Two { kOne, kSum, kPair };
+
 // 8 bf16 of a and b (16 bytes each), multiplied and summed into acc in fp32.
 __device__ __forceinline__ void dot8(float& acc, const uint4& a, const uint4& b) {
   const uint32_t* pa = &a.x;
@@ -107,21 +121,39 @@ __global__ void __launch_bounds__(kGemvThreads)
 // As gemv_kernel, but the block's 4 warps share its R rows and split k between them (more
 // loads in flight per row, fewer rounds of memory latency per lane), summed through shared
 // memory at the end.
-template <int M, int R, int U>
+// kSum: the second product's chunks follow the first's in one index space [0, kc + t.kc), so
+// the lanes stream both rows of w back to back (no half-empty round between them). kPair: the
+// launch's rows [0, t.n1) are w's, into out; the rest t.w's, into t.out (same x, same k).
+template <int M, int R, int U, Two kTwo>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_split_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                       const uint16_t* __restrict__ bias, int64_t n, int64_t kc, bool gelu,
                       bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-                      bool prefetch) {
+                      bool prefetch, Second t) {
   constexpr int kWarps = kGemvThreads / 32;
   __shared__ float part[kWarps][M * R];
   const int lane = threadIdx.x & 31, warp = static_cast<int>(threadIdx.x >> 5);
   const int64_t row0 = int64_t{blockIdx.x} * R;
-  if (prefetch && threadIdx.x == 0) prefetch_rows(w, n, kc, row0, R);
+  if (prefetch && kTwo != kPair && threadIdx.x == 0) prefetch_rows(w, n, kc, row0, R);
   pdl_enter();
   const uint4* wr[R];
+  const uint4* wr2[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = w + min(row0 + r, n - 1) * kc;
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = min(row0 + r, n - 1);
+    wr[r] = kTwo == kPair && row >= t.n1 ? t.w + (row - t.n1) * kc : w + row * kc;
+    wr2[r] = kTwo == kSum ? t.w + row * t.kc : wr[r];
+  }
+  const int64_t total = kTwo == kSum ? kc + t.kc : kc;
+  // Chunk cc of row r of w, and of row m of x.
+  auto w_at = [&](int r, int64_t cc) {
+    if constexpr (kTwo == kSum) return cc < kc ? wr[r] + cc : wr2[r] + (cc - kc);
+    return wr[r] + cc;
+  };
+  auto x_at = [&](int m, int64_t cc) {
+    if constexpr (kTwo == kSum) return cc < kc ? x + m * kc + cc : t.x + m * t.kc + (cc - kc);
+    return x + m * kc + cc;
+  };
 
   float acc[M][R];
 #pragma unroll
@@ -129,22 +161,22 @@ __global__ void __launch_bounds__(kGemvThreads)
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
 
-  for (int64_t c = threadIdx.x; c < kc; c += kGemvThreads * U) {
+  for (int64_t c = threadIdx.x; c < total; c += kGemvThreads * U) {
     uint4 wv[U][R];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t cc = c + kGemvThreads * u;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        wv[u][r] = cc < kc ? ld_stream(wr[r] + cc) : make_uint4(0, 0, 0, 0);
+        wv[u][r] = cc < total ? ld_stream(w_at(r, cc)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t cc = c + kGemvThreads * u;
-      if (cc < kc) {
+      if (cc < total) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const uint4 xv = __ldg(x + m * kc + cc);
+          const uint4 xv = __ldg(x_at(m, cc));
 #pragma unroll
           for (int r = 0; r < R; ++r) dot8(acc[m][r], xv, wv[u][r]);
         }
@@ -162,14 +194,23 @@ __global__ void __launch_bounds__(kGemvThreads)
       if (lane == 0) part[warp][m * R + r] = acc[m][r];
     }
   __syncthreads();
-  const int t = static_cast<int>(threadIdx.x);
-  if (t >= M * R) return;
-  const int m = t / R, r = t % R;
+  const int me = static_cast<int>(threadIdx.x);
+  if (me >= M * R) return;
+  const int m = me / R, r = me % R;
   const int64_t row = row0 + r;
   if (row >= n) return;
-  float y = bias ? bf16_bits_to_f32(bias[row]) : 0.0f;
+  float y = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i) y += part[i][t];
+  for (int i = 0; i < kWarps; ++i) y += part[i][me];
+  if (kTwo == kPair && row >= t.n1) {
+    const int64_t r2 = row - t.n1;
+    y += t.bias ? bf16_bits_to_f32(t.bias[r2]) : 0.0f;
+    store_epilogue(y, t.gelu, false, nullptr, t.out, false, m * (n - t.n1) + r2);
+    return;
+  }
+  if (kTwo == kPair) n = t.n1;  // the first product's rows, [M, n1]
+  y += bias ? bf16_bits_to_f32(bias[row]) : 0.0f;
+  if (kTwo == kSum && t.bias) y += bf16_bits_to_f32(t.bias[row]);
   store_epilogue(y, gelu, accumulate, addend, out, f32_out, m * n + row);
 }
 
@@ -189,11 +230,17 @@ __global__ void linear_epilogue_kernel(const float* y, const uint16_t* bias, int
   }
 }
 
+// (R, U) of a split kernel: rows of w a block, chunks per thread per step.
+template <int R, int U>
+struct Shape {
+  static constexpr int kR = R, kU = U;
+};
+
 // (R, U) of each variant: rows per warp, chunks per lane per step.
 template <int M>
 void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias, int64_t n,
               int64_t kc, bool gelu, bool accumulate, const uint16_t* addend, void* out,
-              bool f32_out, cudaStream_t s) {
+              bool f32_out, cudaStream_t s, const Second& two) {
   // Only worth it where the kernel may start early (a programmatic dependent).
   const bool prefetch = tuning().gemv_prefetch && pdl_for(s);
   auto go = [&](auto kernel, int r) {
@@ -204,23 +251,27 @@ void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias,
   };
   // The split kernels: a block of R rows, the grid n / R blocks (variants 5 and 6 change R,
   // and so how many waves the grid makes, at 8 loads in flight a lane).
-  auto split = [&](auto kernel, int r) {
+  // (Two products: the split kernels only; gemv_two_supported. A pair's n is both weights'.)
+  auto split = [&](auto kernel_t, int r) {
+    using K = decltype(kernel_t);
     const unsigned blocks = static_cast<unsigned>((n + r - 1) / r);
+    auto* kernel = two.out  ? gemv_split_kernel<M, K::kR, K::kU, kPair>
+                   : two.kc ? gemv_split_kernel<M, K::kR, K::kU, kSum>
+                            : gemv_split_kernel<M, K::kR, K::kU, kOne>;
     pdl_launch(kernel, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu, accumulate, addend, out,
-               f32_out, prefetch);
+               f32_out, prefetch, two);
   };
   if (variant == 4) {
     constexpr int kR = M <= 4 ? 2 : 1;
-    constexpr int kU = M <= 2 ? 4 : 2;
-    return split(gemv_split_kernel<M, kR, kU>, kR);
+    return split(Shape < kR, M <= 2 ? 4 : 2 > {}, kR);
   }
   if (variant == 5) {
-    if constexpr (M <= 2) return split(gemv_split_kernel<M, 4, 2>, 4);
-    return split(gemv_split_kernel<M, 2, 2>, 2);
+    if constexpr (M <= 2) return split(Shape<4, 2>{}, 4);
+    return split(Shape<2, 2>{}, 2);
   }
   if (variant == 6) {
-    if constexpr (M <= 2) return split(gemv_split_kernel<M, 1, 8>, 1);
-    return split(gemv_split_kernel<M, 1, 2>, 1);
+    if constexpr (M <= 2) return split(Shape<1, 8>{}, 1);
+    return split(Shape<1, 2>{}, 1);
   }
   switch (variant) {
     case 1:
@@ -245,17 +296,28 @@ bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w) {
   return rows >= 1 && rows <= kGemvMaxRows && k % 8 == 0 && k > 0 && aligned(x) && aligned(w);
 }
 
+bool gemv_two_supported(int variant) {
+  return variant >= 4 && variant <= 6;
+}
+
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-          int variant, cudaStream_t s) {
+          int variant, cudaStream_t s, const SecondTerm& plus) {
   if (n == 0) return;
   const auto* xv = reinterpret_cast<const uint4*>(x);
   const auto* wv = reinterpret_cast<const uint4*>(w);
   const int64_t kc = k / 8;
+  const Second two{reinterpret_cast<const uint4*>(plus.x),
+                   reinterpret_cast<const uint4*>(plus.w),
+                   plus.bias,
+                   plus.k / 8,
+                   plus.out,
+                   plus.n1,
+                   plus.gelu};
   switch (rows) {
-#define KESTREL_GEMV_CASE(M)                                                              \
-  case M:                                                                                 \
-    launch_m<M>(variant, xv, wv, bias, n, kc, gelu, accumulate, addend, out, f32_out, s); \
+#define KESTREL_GEMV_CASE(M)                                                                   \
+  case M:                                                                                      \
+    launch_m<M>(variant, xv, wv, bias, n, kc, gelu, accumulate, addend, out, f32_out, s, two); \
     break;
     KESTREL_GEMV_CASE(1)
     KESTREL_GEMV_CASE(2)

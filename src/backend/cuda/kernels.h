@@ -77,11 +77,28 @@ void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_
 // variant: 1 one row a warp, 8 chunks in flight per lane; 2 two rows, 4 (2 for rows > 4); 3
 // four rows, 2; 4 (what linear uses) a block of 4 warps per 2 rows (1 for rows > 4), k split
 // between the warps.
+// A second product in the same launch (gemv, decode_gemm). Summed with the first before the
+// epilogue (k > 0): x [rows, k] @ w [n, k]^T + bias [n] (null: none). Or (gemv only) beside it
+// (out set; x, k unused): the launch's n rows are the first weight's n1 rows, then w's n - n1
+// rows (same x and k as the first), written to out [rows, n - n1] BF16 with bias [n - n1] and
+// GELU where gelu, the first product's to its out [rows, n1] (no accumulate or addend then).
+struct SecondTerm {
+  const uint16_t* x = nullptr;
+  const uint16_t* w = nullptr;
+  const uint16_t* bias = nullptr;
+  int64_t k = 0;
+  void* out = nullptr;
+  int64_t n1 = 0;
+  bool gelu = false;
+};
 constexpr int kGemvMaxRows = 8;
 bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
+// The variants that take a second product (4..6: the split kernels; each product's k and
+// pointers as gemv_supported asks).
+bool gemv_two_supported(int variant);
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-          int variant, cudaStream_t s);
+          int variant, cudaStream_t s, const SecondTerm& plus = {});
 // --- linear for decode batches on Hopper's tensor cores (decode_gemm.cu) --------
 // As gemv (same arguments and epilogue) for 1..kDecodeGemmMaxRows rows: tiles of 128 rows of w
 // by all rows of x, streamed by TMA into shared memory and multiplied by wgmma, the steps of all
@@ -108,7 +125,7 @@ bool decode_gemm_supported(int64_t rows, int64_t n, int64_t k, const void* x, co
 bool decode_gemm(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows,
                  int64_t n, int64_t k, bool gelu, bool accumulate, const uint16_t* addend,
                  void* out, bool f32_out, int variant, const DecodeGemmWorkspace& ws,
-                 cudaStream_t s);
+                 cudaStream_t s, const SecondTerm& plus = {});
 
 // The scales of a product of FP8 codes: row [rows] (per token), col [cols] per_col, else [1].
 // row null: y is not scaled.
