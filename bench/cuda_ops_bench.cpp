@@ -3,7 +3,7 @@
 // v1), the linears of 1-8 rows (cuBLASLt against each GEMV variant, weights rotated past the L2),
 // the linears of 4-128 rows (cuBLASLt against the wgmma decode GEMM), and one decode step's LoRA
 // work beside the base linears. Counters give TFLOP/s or TB/s.
-//   cuda_ops_bench [--benchmark_filter=Attention|Linear|DecodeGemm|Residual|Lora]
+//   cuda_ops_bench [--benchmark_filter=Attention|Linear|DecodeGemm|Residual|Pair|Lora]
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -224,6 +224,42 @@ void BM_Residual(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Residual)
+    ->ArgsProduct({{1, 2, 4, 16, 32, 64, 128}, {0, 1}, {0, -1, 4}})
+    ->UseManualTime()
+    ->MinTime(0.05)
+    ->Unit(benchmark::kMicrosecond);
+
+// qkv and fc1 + GELU of one x at falcon-7b's shapes: two linears or one linear_pair. Args as
+// BM_Residual's.
+void BM_Pair(benchmark::State& state) {
+  const int64_t m = state.range(0);
+  const bool fused = state.range(1) != 0;
+  const int mode = static_cast<int>(state.range(2));
+  state.SetLabel(std::string(fused ? "pair" : "apart") + ", decode gemm " + std::to_string(mode));
+  LinearOperands qkv(kLinear[0], m), fc1(kLinear[2], m);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
+  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, fused ? 1 : 0);
+  auto run = [&](int64_t i) {
+    ops::linear_pair(qkv.x, qkv.ws[i % qkv.copies], Tensor(), qkv.out, fc1.ws[i % fc1.copies],
+                     Tensor(), fc1.out, true);
+  };
+  constexpr int kLaunches = 8;
+  int64_t i = 0;
+  for (int w = 0; w < 3; ++w) run(++i);
+  ops::synchronize(Device::kCuda);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLaunches; ++l) run(++i);
+    ops::synchronize(Device::kCuda);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
+  }
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, 1);
+  state.counters["TB/s"] = benchmark::Counter((qkv.bytes + fc1.bytes) * 1e-12,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Pair)
     ->ArgsProduct({{1, 2, 4, 16, 32, 64, 128}, {0, 1}, {0, -1, 4}})
     ->UseManualTime()
     ->MinTime(0.05)

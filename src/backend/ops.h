@@ -98,8 +98,9 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
             const LinearEpilogue& epilogue = {});
 
 // Two linears of one x (parallel attention's qkv and fc1 + GELU), weights at full width:
-// out1 = x @ w1^T + b1 and out2 = x @ w2^T + b2, GELU on out2 where gelu2. On CUDA one GEMV
-// launch over both weights' rows where the GEMV takes the rows; elsewhere two linears.
+// out1 = x @ w1^T + b1 and out2 = x @ w2^T + b2, GELU on out2 where gelu2. On CUDA one launch
+// over both weights' rows where the GEMV or the decode GEMM takes the rows; elsewhere two
+// linears.
 void linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
                  const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2);
 

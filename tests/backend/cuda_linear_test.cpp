@@ -206,7 +206,8 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
 
 // ops::linear_pair (qkv and fc1 + GELU of one x): one GEMV launch over both weights' rows at
 // 1-8 rows in each variant that takes it (a block's rows straddle the two weights where n1 is
-// odd), two linears elsewhere; both outputs against the CPU's.
+// odd), one decode GEMM launch (the second weight's tiles after the first's) at 3-128 rows in
+// its modes, two linears elsewhere; both outputs against the CPU's.
 TEST(CudaLinear, PairMatchesCpu) {
   REQUIRE_GPU();
   struct PairCase {
@@ -222,6 +223,8 @@ TEST(CudaLinear, PairMatchesCpu) {
   pcs.push_back({2, 8, 5, 7, true, false});
   pcs.push_back({4, 100, 30, 40, true, true});  // k % 8 != 0: two cuBLASLt linears
   pcs.push_back({40, 256, 300, 1000, true, true});
+  for (int64_t n : {16, 17, 32, 64, 128}) pcs.push_back({n, 4544, 4672, 18176, n % 2 == 0, true});
+  pcs.push_back({12, 264, 65, 130, true, true});  // a tile of each weight, both partial
   for (const PairCase& c : pcs) {
     Tensor x = random_host({c.n, c.in});
     Tensor w1 = random_host({c.n1, c.in}, -0.1f, 0.1f), w2 = random_host({c.n2, c.in}, -0.1f, 0.1f);
@@ -234,8 +237,20 @@ TEST(CudaLinear, PairMatchesCpu) {
                  w2g = to_gpu(w2, DType::kBF16);
     const Tensor b1g = c.bias ? to_gpu(b1, DType::kBF16) : Tensor(),
                  b2g = c.bias ? to_gpu(b2, DType::kBF16) : Tensor();
-    for (int gemv : {-1, 0, 1, 4, 5, 6}) {
-      set_modes(gemv, 0);
+    for (const auto& [gemv, decode] :
+         {std::pair{-1, 0}, std::pair{0, 0}, std::pair{1, 0}, std::pair{4, 0}, std::pair{5, 0},
+          std::pair{6, 0}, std::pair{0, -1}, std::pair{0, 3}, std::pair{0, 4}}) {
+      set_modes(gemv, decode);
+#ifdef KESTREL_CUDA
+      // The decode GEMM takes a pair of 3..128 rows (k % 8 == 0) in one launch where its mode
+      // gives it them (-1: by both weights' bytes), and nothing else.
+      const bool chosen = decode > 0 || cuda::decode_gemm_choice(c.n, c.n1 + c.n2, c.in) > 0;
+      const int64_t expected = decode != 0 && gemv == 0 && chosen && c.n >= 3 && c.n <= 128 &&
+                                       c.in % 8 == 0 && cuda::decode_gemm_available()
+                                   ? 1
+                                   : 0;
+      const int64_t launches = cuda::decode_gemm_launches();
+#endif
       Tensor nan1 = Tensor::empty(DType::kF32, {c.n, c.n1}),
              nan2 = Tensor::empty(DType::kF32, {c.n, c.n2});
       std::fill(nan1.data<float>(), nan1.data<float>() + nan1.numel(), NAN);
@@ -244,9 +259,16 @@ TEST(CudaLinear, PairMatchesCpu) {
       ops::linear_pair(xg, w1g, b1g, out1, w2g, b2g, out2, c.gelu2);
       const double e1 = norm_error(ops::to_host_f32(out1), ref1);
       const double e2 = norm_error(ops::to_host_f32(out2), ref2);
+#ifdef KESTREL_CUDA
+      if (decode != 0 && gemv == 0 && cuda::decode_gemm_available())
+        EXPECT_EQ(cuda::decode_gemm_launches(), launches + expected)
+            << "decode gemm " << decode << ": " << c.n << "x" << c.in << "->" << c.n1 << "+"
+            << c.n2;
+#endif
       EXPECT_LE(std::max(e1, e2), kLinearBound)
-          << "gemv " << gemv << ": " << c.n << "x" << c.in << "->" << c.n1 << "+" << c.n2
-          << " bias " << c.bias << " gelu " << c.gelu2 << " (errors " << e1 << ", " << e2 << ")";
+          << "gemv " << gemv << " decode gemm " << decode << ": " << c.n << "x" << c.in << "->"
+          << c.n1 << "+" << c.n2 << " bias " << c.bias << " gelu " << c.gelu2 << " (errors " << e1
+          << ", " << e2 << ")";
     }
   }
   set_modes(-1, 0);

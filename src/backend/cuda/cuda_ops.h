@@ -83,7 +83,8 @@ void embedding(const Tensor& ids, const Tensor& table, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue);
-// ops::linear_pair in one GEMV launch where the GEMV takes the rows (BF16 operands and outs);
+// ops::linear_pair in one launch where the GEMV or the decode GEMM takes the rows (BF16
+// operands and outs);
 // false where it does not (the caller runs two linears).
 bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
                  const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2);

@@ -68,6 +68,12 @@ struct GemmArgs {
   int64_t m, n;
   int64_t k_tiles, steps;  // k slices (KB boxes of 64) a tile; tiles x k_tiles
   int64_t k_tiles1;        // the first product's slices; a second product's follow them
+  // A pair (SecondTerm::out): tiles from tiles_a on are the second weight's (its maps), into
+  // out_b [m, n_b] with bias_b and gelu_b; else tiles_a is every tile.
+  int64_t tiles_a, n_b;
+  const uint16_t* bias_b;
+  void* out_b;
+  bool gelu_b;
   bool gelu, accumulate, f32_out;
   bool w_evict_first;      // w's boxes leave L2 first (read once; x and the partials stay)
   bool pipelined;          // a stage's wgmma runs while the next stage's is issued
@@ -273,10 +279,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int tile = static_cast<int>(step / a.k_tiles);
       int kt = static_cast<int>(step % a.k_tiles);
       // The second product's slices follow the first's.
-      const bool second = kt >= a.k_tiles1;
-      const CUtensorMap* wm = second ? &w2_map : &w_map;
+      const bool second = kt >= a.k_tiles1, second_w = tile >= a.tiles_a;
+      const CUtensorMap* wm = second || second_w ? &w2_map : &w_map;
       const CUtensorMap* xm = second ? &x2_map : &x_map;
       if (second) kt -= static_cast<int>(a.k_tiles1);
+      const int w_row = (second_w ? tile - static_cast<int>(a.tiles_a) : tile) * kTileN;
       mbar_wait(&empty[stage], phase ^ 1);
       uint8_t* st = smem + stage * C::kStageBytes;
       mbar_expect_tx(&full[stage], C::kStageBytes);
@@ -284,9 +291,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int bx = 0; bx < KB; ++bx) {
         const int k0 = (kt * KB + bx) * kTileK;
         if (a.w_evict_first) {
-          tma_load_hint(st + bx * kWBytes, wm, &full[stage], k0, tile * kTileN, policy);
+          tma_load_hint(st + bx * kWBytes, wm, &full[stage], k0, w_row, policy);
         } else {
-          tma_load(st + bx * kWBytes, wm, &full[stage], k0, tile * kTileN);
+          tma_load(st + bx * kWBytes, wm, &full[stage], k0, w_row);
         }
       }
 #pragma unroll
@@ -382,17 +389,23 @@ __global__ void __launch_bounds__(kThreads, 1)
               acc[s][i] += __ldcg(part + (s * (C::kSub / 2) + i) * kConsumerThreads + ct);
       }
     }
-    const int64_t row0 = int64_t{tile} * kTileN;
+    // The tile's weight: the first, or a pair's second (its own rows, out, bias and GELU).
+    const bool second_w = tile >= a.tiles_a;
+    const int64_t row0 = (second_w ? tile - a.tiles_a : int64_t{tile}) * kTileN;
+    const int64_t n_out = second_w ? a.n_b : a.n;
+    const uint16_t* bias = second_w ? a.bias_b : a.bias;
+    void* out = second_w ? a.out_b : a.out;
+    const bool gelu = second_w ? a.gelu_b : a.gelu;
 #pragma unroll
     for (int s = 0; s < C::kSubs; ++s)
 #pragma unroll
       for (int i = 0; i < C::kSub / 2; ++i) {
         const int64_t row = row0 + r_base + 8 * ((i % 4) / 2), col = x_row(s, i);
-        if (row >= a.n || col >= a.m) continue;
-        const float bv = (a.bias ? bf16_bits_to_f32(a.bias[row]) : 0.0f) +
+        if (row >= n_out || col >= a.m) continue;
+        const float bv = (bias ? bf16_bits_to_f32(bias[row]) : 0.0f) +
                          (a.bias2 ? bf16_bits_to_f32(a.bias2[row]) : 0.0f);
-        store_epilogue(acc[s][i] + bv, a.gelu, a.accumulate, a.addend, a.out, a.f32_out,
-                       col * a.n + row);
+        store_epilogue(acc[s][i] + bv, gelu, a.accumulate, a.addend, out, a.f32_out,
+                       col * n_out + row);
       }
   }
 #endif  // KESTREL_WGMMA
@@ -443,26 +456,31 @@ bool launch(int variant, const uint16_t* x, const uint16_t* w, const uint16_t* b
       opted.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
+  // A pair: n is both weights' rows, the first's plus.n1 (gemv's convention).
+  const bool pair = plus.out != nullptr, two = !pair && plus.k > 0;
+  const int64_t n_a = pair ? plus.n1 : n, n_b = pair ? n - plus.n1 : 0;
   CUtensorMap w_map, x_map, w2_map, x2_map;
-  if (!make_map(&w_map, w, n, k, kTileN) || !make_map(&x_map, x, m, k, NT)) return false;
-  const bool two = plus.k > 0;
-  if (two ? !make_map(&w2_map, plus.w, n, plus.k, kTileN) ||
-                !make_map(&x2_map, plus.x, m, plus.k, NT)
-          : false)
+  if (!make_map(&w_map, w, n_a, k, kTileN) || !make_map(&x_map, x, m, k, NT)) return false;
+  if (two &&
+      (!make_map(&w2_map, plus.w, n, plus.k, kTileN) || !make_map(&x2_map, plus.x, m, plus.k, NT)))
     return false;
-  if (!two) {
-    w2_map = w_map;
-    x2_map = x_map;
-  }
+  if (pair && !make_map(&w2_map, plus.w, n_b, k, kTileN)) return false;
+  if (!two && !pair) w2_map = w_map;
+  if (!two) x2_map = x_map;
   GemmArgs a{};
   a.bias = bias;
   a.bias2 = two ? plus.bias : nullptr;
   a.m = m;
-  a.n = n;
+  a.n = n_a;
   const int64_t slice = KB * kTileK;
   a.k_tiles1 = (k + slice - 1) / slice;
   a.k_tiles = a.k_tiles1 + (two ? (plus.k + slice - 1) / slice : 0);
-  const int64_t tiles = (n + kTileN - 1) / kTileN;
+  a.tiles_a = (n_a + kTileN - 1) / kTileN;
+  a.n_b = n_b;
+  a.bias_b = pair ? plus.bias : nullptr;
+  a.out_b = plus.out;
+  a.gelu_b = plus.gelu;
+  const int64_t tiles = a.tiles_a + (n_b + kTileN - 1) / kTileN;
   if (tiles > ws.n_flags) return false;
   a.steps = tiles * a.k_tiles;
   // A block a multiprocessor, each at least 4 steps (shorter shares pay their partials for

@@ -1,4 +1,6 @@
 // linear on CUDA: out [T, n_out] = epilogue(x [T, in] @ weight [n_out, in]^T (+ bias)).
+// Two products in one launch (LinearEpilogue::plus summed, linear_pair side by side) where the
+// GEMV or the decode GEMM takes the rows, else two launches.
 // 1-2 rows (decode) take the hand-written GEMV (gemv.cu) with the whole epilogue inside; with
 // KESTREL_DECODE_GEMM set, 3-128 rows take the wgmma decode GEMM (decode_gemm.cu) on compute
 // capability 9.0 (-1: where it measured faster alone, decode_gemm_choice); the rest go through
@@ -490,12 +492,9 @@ bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& ou
                  const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2) {
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n1 = w1.dim(0), n2 = w2.dim(0);
   const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::kBF16; };
-  const int variant = gemv_variant(n_tokens);
-  if (!tuning().two_products || !kernels::gemv_two_supported(variant) ||
-      x.dtype() != DType::kBF16 || w1.dtype() != DType::kBF16 || w2.dtype() != DType::kBF16 ||
-      out1.dtype() != DType::kBF16 || out2.dtype() != DType::kBF16 || !bf16(b1) || !bf16(b2) ||
-      !kernels::gemv_supported(n_tokens, n_in, x.raw(), w1.raw()) ||
-      !kernels::gemv_supported(n_tokens, n_in, x.raw(), w2.raw()))
+  if (!tuning().two_products || x.dtype() != DType::kBF16 || w1.dtype() != DType::kBF16 ||
+      w2.dtype() != DType::kBF16 || out1.dtype() != DType::kBF16 || out2.dtype() != DType::kBF16 ||
+      !bf16(b1) || !bf16(b2))
     return false;
   if (n_tokens == 0 || n1 + n2 == 0) return true;
   kernels::SecondTerm pair;
@@ -504,11 +503,35 @@ bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& ou
   pair.out = out2.raw();
   pair.n1 = n1;
   pair.gelu = gelu2;
-  kernels::gemv(x.data<uint16_t>(), w1.data<uint16_t>(),
-                b1.defined() ? b1.data<uint16_t>() : nullptr, n_tokens, n1 + n2, n_in, false, false,
-                nullptr, out1.raw(), false, variant, stream(), pair);
+  const uint16_t* bias1 = b1.defined() ? b1.data<uint16_t>() : nullptr;
+  const int variant = gemv_variant(n_tokens);
+  if (variant > 0) {  // the GEMV's rows: its split kernels, or two linears
+    if (!kernels::gemv_two_supported(variant) ||
+        !kernels::gemv_supported(n_tokens, n_in, x.raw(), w1.raw()) ||
+        !kernels::gemv_supported(n_tokens, n_in, x.raw(), w2.raw()))
+      return false;
+    kernels::gemv(x.data<uint16_t>(), w1.data<uint16_t>(), bias1, n_tokens, n1 + n2, n_in, false,
+                  false, nullptr, out1.raw(), false, variant, stream(), pair);
+    CUDA_CHECK_LAUNCH();
+    return true;
+  }
+  // The decode GEMM, by the same rule as linear's (both weights' bytes for its choice).
+  const bool forced = tuning().decode_gemm > 0;
+  const int dg = forced                     ? tuning().decode_gemm
+                 : tuning().decode_gemm < 0 ? decode_gemm_choice(n_tokens, n1 + n2, n_in)
+                                            : 0;
+  if (dg <= 0 || n_tokens < 3 || n1 == 0 || n2 == 0 ||
+      !kernels::decode_gemm_supported(n_tokens, n1 + n2, n_in, x.raw(), w1.raw()) ||
+      !kernels::decode_gemm_supported(n_tokens, n2, n_in, x.raw(), w2.raw()))
+    return false;
+  const kernels::DecodeGemmWorkspace& ws = decode_gemm_workspace(stream());
+  if (!ws.sm90) return false;
+  const bool launched =
+      kernels::decode_gemm(x.data<uint16_t>(), w1.data<uint16_t>(), bias1, n_tokens, n1 + n2, n_in,
+                           false, false, nullptr, out1.raw(), false, dg, ws, stream(), pair);
   CUDA_CHECK_LAUNCH();
-  return true;
+  if (launched) g_decode_gemm_launches.fetch_add(1, std::memory_order_relaxed);
+  return launched;
 }
 
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,

@@ -78,7 +78,7 @@ void kv_write(const uint16_t* k, const uint16_t* v, const int64_t* slots, int64_
 // four rows, 2; 4 (what linear uses) a block of 4 warps per 2 rows (1 for rows > 4), k split
 // between the warps.
 // A second product in the same launch (gemv, decode_gemm). Summed with the first before the
-// epilogue (k > 0): x [rows, k] @ w [n, k]^T + bias [n] (null: none). Or (gemv only) beside it
+// epilogue (k > 0): x [rows, k] @ w [n, k]^T + bias [n] (null: none). Or beside it
 // (out set; x, k unused): the launch's n rows are the first weight's n1 rows, then w's n - n1
 // rows (same x and k as the first), written to out [rows, n - n1] BF16 with bias [n - n1] and
 // GELU where gelu, the first product's to its out [rows, n1] (no accumulate or addend then).
