@@ -199,19 +199,19 @@ __global__ void __launch_bounds__(kGemvThreads)
   const int m = me / R, r = me % R;
   const int64_t row = row0 + r;
   if (row >= n) return;
-  float y = 0.0f;
+  const bool second = kTwo == kPair && row >= t.n1;  // a pair's second weight's row
+  const int64_t r2 = row - t.n1;
+  float y = second ? (t.bias ? bf16_bits_to_f32(t.bias[r2]) : 0.0f)
+                   : (bias ? bf16_bits_to_f32(bias[row]) : 0.0f);
+  if (kTwo == kSum && t.bias) y += bf16_bits_to_f32(t.bias[row]);
 #pragma unroll
   for (int i = 0; i < kWarps; ++i) y += part[i][me];
-  if (kTwo == kPair && row >= t.n1) {
-    const int64_t r2 = row - t.n1;
-    y += t.bias ? bf16_bits_to_f32(t.bias[r2]) : 0.0f;
+  if (second) {
     store_epilogue(y, t.gelu, false, nullptr, t.out, false, m * (n - t.n1) + r2);
-    return;
+  } else {
+    // (A pair's first product: out is [M, n1].)
+    store_epilogue(y, gelu, accumulate, addend, out, f32_out, m * (kTwo == kPair ? t.n1 : n) + row);
   }
-  if (kTwo == kPair) n = t.n1;  // the first product's rows, [M, n1]
-  y += bias ? bf16_bits_to_f32(bias[row]) : 0.0f;
-  if (kTwo == kSum && t.bias) y += bf16_bits_to_f32(t.bias[row]);
-  store_epilogue(y, gelu, accumulate, addend, out, f32_out, m * n + row);
 }
 
 // y [rows, cols] F32 (cuBLASLt's product, no bias) -> out under the epilogue.
