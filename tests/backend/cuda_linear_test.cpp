@@ -28,13 +28,14 @@ using namespace test;  // NOLINT(google-build-using-namespace): the shared test 
 constexpr double kLinearBound = 1e-2;
 
 // The GEMV variant linear uses (-1: its own choice, 0: none) and the decode GEMM's (0: none, so
-// cuBLASLt); only the CUDA build has the switches, and the CPU-only build skips these tests
-// before they reach them.
+// cuBLASLt), two products in one launch where a kernel takes them; only the CUDA build has the
+// switches, and the CPU-only build skips these tests before they reach them.
 void set_modes(int gemv, int decode_gemm) {
 #ifdef KESTREL_CUDA
   cuda::Tuning t = cuda::tuning();
   t.gemv = gemv;
   t.decode_gemm = decode_gemm;
+  t.two_products = true;
   cuda::set_tuning(t);
 #else
   (void)gemv;
