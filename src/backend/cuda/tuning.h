@@ -26,9 +26,11 @@ struct Tuning {
   // 2 the same with w's loads marked evict-first in L2, 3 that with a stage's wgmma left running
   // while the next stage's is issued, 4 that with 256 k a stage (128 above 32 rows).
   int decode_gemm = 0;
-  // KESTREL_TWO_PRODUCTS=0: a linear of two products (parallel attention's fc2 + dense) always as
-  // two launches (dense apart, then fc2 with it as the addend), not one GEMV / decode GEMM.
-  bool two_products = true;
+  // Two products in one launch (LinearEpilogue::plus: parallel attention's fc2 + dense;
+  // linear_pair: qkv + fc1) in the GEMV and the decode GEMM. KESTREL_TWO_PRODUCTS=1 turns them
+  // on; off (the default until measured on a GPU), each is two launches (dense apart, then fc2
+  // with it as the addend; two linears).
+  bool two_products = false;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
   bool gelu_epilogue = true;
