@@ -18,6 +18,10 @@
 #   gemm         the wgmma decode GEMM (KESTREL_DECODE_GEMM): the linear op test, its timings
 #                against cuBLASLt, then kestrel bench at decode batch 4-128 and a 128-token first
 #                token with it and without (GEMM_TIMING_FILTER, GEMM_MODES, GEMM_BENCH_ARGS)
+#   two          two products in one launch (KESTREL_TWO_PRODUCTS): the linear op tests, the
+#                model tests with it on (and with KESTREL_DECODE_GEMM=4), BM_Residual / BM_Pair,
+#                then kestrel bench at decode batch 1-128 with it off and on, by
+#                KESTREL_DECODE_GEMM 0 and -1, twice (TWO_BENCH_ARGS)
 #   gemm-ncu     ncu sections (throughput, memory, warp stalls) of one launch of each
 #                GEMM_NCU case (cuda_ops_bench DecodeGemm arguments shape/rows/mode; mode 0 is
 #                cuBLASLt)
@@ -94,6 +98,26 @@ if has gemm; then
     KESTREL_DECODE_GEMM=$e timeout 90 ./$BIN/kestrel bench --device cuda --preset falcon-7b \
       ${GEMM_BENCH_ARGS:---prefill 1x16 --decode 4x32x32,16x32x32,32x64x64,64x32x32,128x64x64 --first-token-prompt 128 --iters 2 --no-roofline} \
       2>&1 | grep -E "^decode|^first|^prefill|rror"
+  done
+fi
+if has two; then
+  timeout 150 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*' >"$OUT/two-linear.log" 2>&1
+  echo "linear rc=$?"; grep -E "PASSED|FAILED|Failure|decode gemm|gemv" "$OUT/two-linear.log" | head -20
+  for dg in 0 4; do
+    KESTREL_TWO_PRODUCTS=1 KESTREL_DECODE_GEMM=$dg timeout 200 ./$BIN/model_cuda_test --gtest_brief=1 \
+      >"$OUT/two-model-$dg.log" 2>&1
+    echo "model (decode gemm $dg) rc=$?"; grep -E "PASSED|FAILED|Failure|Expected|Which" "$OUT/two-model-$dg.log" | head -12
+  done
+  timeout 120 ./$BIN/cuda_ops_bench --benchmark_filter='Residual|Pair' >"$OUT/two-timing.log" 2>&1
+  echo "timing rc=$?"; grep -E "^BM_" "$OUT/two-timing.log" | sed 's/min_time:0.050.manual_time//' | head -90
+  for r in 1 2; do
+    for cfg in "0 0" "1 0" "1 -1" "0 -1"; do
+      set -- $cfg
+      echo "== KESTREL_TWO_PRODUCTS=$1 KESTREL_DECODE_GEMM=$2"
+      KESTREL_TWO_PRODUCTS=$1 KESTREL_DECODE_GEMM=$2 timeout 100 ./$BIN/kestrel bench --device cuda \
+        --preset falcon-7b ${TWO_BENCH_ARGS:---prefill 1x16 --decode 1x128x128,2x128x128,4x64x64,16x64x64,32x64x64,128x32x32 --first-token-prompt 128 --iters 2 --no-roofline} \
+        2>&1 | grep -E "^decode|^first|rror" | cut -c1-110
+    done
   done
 fi
 if has gemm-ncu; then
