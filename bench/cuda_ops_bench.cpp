@@ -176,7 +176,7 @@ void BM_DecodeGemm(benchmark::State& state) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
   }
   with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, -1);
-  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
   op.count(state);
 }
 BENCHMARK(BM_DecodeGemm)
@@ -220,8 +220,8 @@ void BM_Residual(benchmark::State& state) {
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
   }
-  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
-  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
+  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, cuda::Tuning{}.two_products);
   state.counters["TB/s"] = benchmark::Counter((fc2.bytes + dense.bytes) * 1e-12,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -256,8 +256,8 @@ void BM_Pair(benchmark::State& state) {
     state.SetIterationTime(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
   }
-  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, 0);
-  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
+  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, cuda::Tuning{}.two_products);
   state.counters["TB/s"] = benchmark::Counter((qkv.bytes + fc1.bytes) * 1e-12,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }

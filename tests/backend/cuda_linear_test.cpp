@@ -202,7 +202,7 @@ TEST(CudaLinear, EpiloguesMatchCpu) {
           << c.accumulate << " addend " << c.addend << " in2 " << c.in2;
     }
   }
-  set_modes(-1, 0);
+  set_modes(-1, -1);  // the defaults
 }
 
 // ops::linear_pair (qkv and fc1 + GELU of one x): one GEMV launch over both weights' rows at
@@ -272,7 +272,7 @@ TEST(CudaLinear, PairMatchesCpu) {
           << ", " << e2 << ")";
     }
   }
-  set_modes(-1, 0);
+  set_modes(-1, -1);  // the defaults
 }
 
 }  // namespace

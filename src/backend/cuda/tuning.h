@@ -21,16 +21,16 @@ struct Tuning {
   // for every 1..8 rows.
   int gemv = -1;
   // Linears of 3..128 rows (gemm.cpp, decode_gemm.cu). KESTREL_DECODE_GEMM: -1 the wgmma decode
-  // GEMM where it measured faster than cuBLASLt alone (cuda::decode_gemm_choice), 0 cuBLASLt
-  // only (faster in the model so far), 1 the decode GEMM for every 3..128 rows where it applies,
-  // 2 the same with w's loads marked evict-first in L2, 3 that with a stage's wgmma left running
-  // while the next stage's is issued, 4 that with 256 k a stage (128 above 32 rows).
-  int decode_gemm = 0;
+  // GEMM where it measured faster than cuBLASLt alone (cuda::decode_gemm_choice: 3-32 rows of
+  // 128 MiB of weights and more, which the two-product launches make of every falcon-7b linear),
+  // 0 cuBLASLt only, 1 the decode GEMM for every 3..128 rows where it applies, 2 the same with
+  // w's loads marked evict-first in L2, 3 that with a stage's wgmma left running while the next
+  // stage's is issued, 4 that with 256 k a stage (128 above 32 rows).
+  int decode_gemm = -1;
   // Two products in one launch (LinearEpilogue::plus: parallel attention's fc2 + dense;
-  // linear_pair: qkv + fc1) in the GEMV and the decode GEMM. KESTREL_TWO_PRODUCTS=1 turns them
-  // on; off (the default until measured on a GPU), each is two launches (dense apart, then fc2
-  // with it as the addend; two linears).
-  bool two_products = false;
+  // linear_pair: qkv + fc1) in the GEMV and the decode GEMM. KESTREL_TWO_PRODUCTS=0: each as two
+  // launches (dense apart, then fc2 with it as the addend; two linears).
+  bool two_products = true;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
   bool gelu_epilogue = true;
