@@ -71,7 +71,7 @@ std::string device_name();
 bool decode_gemm_available();
 int64_t decode_gemm_launches();
 // The decode GEMM variant that KESTREL_DECODE_GEMM=-1 gives a linear of `rows` x [n, k] weights
-// (0: cuBLASLt): where it measured faster on the H100, 3..32 rows of weights of 128 MiB and more.
+// (0: cuBLASLt): where it measured faster on the H100, 3..32 rows of weights of 192 MiB and more.
 int decode_gemm_choice(int64_t rows, int64_t n, int64_t k);
 
 // ops::capture_graph on CUDA: body runs once eagerly, then once under stream capture; the

@@ -404,8 +404,11 @@ int decode_gemm_choice(int64_t rows, int64_t n, int64_t k) {
   // docs/benchmarks.md, "Decode GEMMs of 3-128 rows on wgmma fed by TMA": per launch on the H100
   // the kernel beat cuBLASLt on falcon-7b's fc1 / fc2 (165 MB) and lm_head (590 MB) from 3 to 32
   // rows (256 k a stage to 16 rows, 64 above), and lost on qkv / dense (42 MB: about 2 us more
-  // to fill and drain) and at 64-128 rows (x re-read from L2 beside every w tile).
-  constexpr int64_t kMinWeightBytes = int64_t{128} << 20;
+  // to fill and drain) and at 64-128 rows (x re-read from L2 beside every w tile). In the model
+  // it won only on the 207 MB launches of two products and lm_head ("Two products in one
+  // launch"); taking fc1 and fc2 alone (157 MiB) it lost 1-3% at decode batch 4-32, so steps
+  // that keep them apart (adapters) leave them to cuBLASLt.
+  constexpr int64_t kMinWeightBytes = int64_t{192} << 20;
   if (rows < 3 || rows > 32 || n * k * 2 < kMinWeightBytes) return 0;
   return rows <= 16 ? 4 : 3;
 }

@@ -21,8 +21,8 @@ struct Tuning {
   // for every 1..8 rows.
   int gemv = -1;
   // Linears of 3..128 rows (gemm.cpp, decode_gemm.cu). KESTREL_DECODE_GEMM: -1 the wgmma decode
-  // GEMM where it measured faster than cuBLASLt alone (cuda::decode_gemm_choice: 3-32 rows of
-  // 128 MiB of weights and more, which the two-product launches make of every falcon-7b linear),
+  // GEMM where it measured faster than cuBLASLt (cuda::decode_gemm_choice: 3-32 rows of 192 MiB
+  // of weights and more: falcon-7b's two-product launches and lm_head),
   // 0 cuBLASLt only, 1 the decode GEMM for every 3..128 rows where it applies, 2 the same with
   // w's loads marked evict-first in L2, 3 that with a stage's wgmma left running while the next
   // stage's is issued, 4 that with 256 k a stage (128 above 32 rows).
