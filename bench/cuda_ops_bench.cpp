@@ -154,6 +154,23 @@ BENCHMARK(BM_Linear)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// Times run(i) (i = 1, 2, ...) 8 times back to back per iteration, as in a forward, after 3
+// warm-up calls; reports the time of one.
+template <typename Run>
+void time_back_to_back(benchmark::State& state, Run run) {
+  constexpr int kLaunches = 8;
+  int64_t i = 0;
+  for (int w = 0; w < 3; ++w) run(++i);
+  ops::synchronize(Device::kCuda);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int l = 0; l < kLaunches; ++l) run(++i);
+    ops::synchronize(Device::kCuda);
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
+  }
+}
+
 // Args: shape index, rows, mode (0 cuBLASLt, 1..2 the wgmma decode GEMM's variant). Each timed
 // iteration is 8 launches back to back, as in a forward (the per-launch time is reported).
 void BM_DecodeGemm(benchmark::State& state) {
@@ -164,17 +181,7 @@ void BM_DecodeGemm(benchmark::State& state) {
   LinearOperands op(sh, state.range(1));
   with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, 0);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
-  constexpr int kLaunches = 8;
-  int64_t i = 0;
-  for (int w = 0; w < 3; ++w) op.run(++i);
-  ops::synchronize(Device::kCuda);
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int l = 0; l < kLaunches; ++l) op.run(++i);
-    ops::synchronize(Device::kCuda);
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
-  }
+  time_back_to_back(state, [&](int64_t i) { op.run(i); });
   with_tuning([](cuda::Tuning& t, int v) { t.gemv = v; }, -1);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
   op.count(state);
@@ -209,17 +216,7 @@ void BM_Residual(benchmark::State& state) {
       ops::linear(fc2.x, wf, Tensor(), x, {.accumulate = true, .addend = &attn_out});
     }
   };
-  constexpr int kLaunches = 8;
-  int64_t i = 0;
-  for (int w = 0; w < 3; ++w) run(++i);
-  ops::synchronize(Device::kCuda);
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int l = 0; l < kLaunches; ++l) run(++i);
-    ops::synchronize(Device::kCuda);
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
-  }
+  time_back_to_back(state, run);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
   with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, cuda::Tuning{}.two_products);
   state.counters["TB/s"] = benchmark::Counter((fc2.bytes + dense.bytes) * 1e-12,
@@ -245,17 +242,7 @@ void BM_Pair(benchmark::State& state) {
     ops::linear_pair(qkv.x, qkv.ws[i % qkv.copies], Tensor(), qkv.out, fc1.ws[i % fc1.copies],
                      Tensor(), fc1.out, true);
   };
-  constexpr int kLaunches = 8;
-  int64_t i = 0;
-  for (int w = 0; w < 3; ++w) run(++i);
-  ops::synchronize(Device::kCuda);
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int l = 0; l < kLaunches; ++l) run(++i);
-    ops::synchronize(Device::kCuda);
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / kLaunches);
-  }
+  time_back_to_back(state, run);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
   with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, cuda::Tuning{}.two_products);
   state.counters["TB/s"] = benchmark::Counter((qkv.bytes + fc1.bytes) * 1e-12,
