@@ -228,28 +228,37 @@ BENCHMARK(BM_Residual)
     ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);
 
-// qkv and fc1 + GELU of one x at falcon-7b's shapes: two linears or one linear_pair. Args as
-// BM_Residual's.
+// The LayerNorm, then qkv and fc1 + GELU of its output at falcon-7b's shapes: form 0 the norm
+// and two linears, 1 the norm and one linear_pair, 2 linear_pair with the norm folded into the
+// GEMV where it takes the rows (ops::PairNorm). Args: rows, form, decode GEMM mode (as
+// BM_Residual's).
 void BM_Pair(benchmark::State& state) {
   const int64_t m = state.range(0);
-  const bool fused = state.range(1) != 0;
+  const int form = static_cast<int>(state.range(1));
   const int mode = static_cast<int>(state.range(2));
-  state.SetLabel(std::string(fused ? "pair" : "apart") + ", decode gemm " + std::to_string(mode));
+  state.SetLabel(std::string(form == 0   ? "apart"
+                             : form == 1 ? "pair"
+                                         : "pair + norm") +
+                 ", decode gemm " + std::to_string(mode));
   LinearOperands qkv(kLinear[0], m), fc1(kLinear[2], m);
+  Tensor x = device_bf16({m, 4544}, 7), ln = device_bf16({m, 4544}, 8);
+  Tensor g = device_bf16({4544}, 9), b = device_bf16({4544}, 10);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, mode);
-  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, fused ? 1 : 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, form > 0 ? 1 : 0);
+  with_tuning([](cuda::Tuning& t, int v) { t.norm_in_gemv = v != 0; }, form == 2 ? 1 : 0);
   auto run = [&](int64_t i) {
-    ops::linear_pair(qkv.x, qkv.ws[i % qkv.copies], Tensor(), qkv.out, fc1.ws[i % fc1.copies],
-                     Tensor(), fc1.out, true);
+    ops::linear_pair(x, qkv.ws[i % qkv.copies], Tensor(), qkv.out, fc1.ws[i % fc1.copies], Tensor(),
+                     fc1.out, true, {&g, &b, 1e-5f, &ln});
   };
   time_back_to_back(state, run);
   with_tuning([](cuda::Tuning& t, int v) { t.decode_gemm = v; }, cuda::Tuning{}.decode_gemm);
   with_tuning([](cuda::Tuning& t, int v) { t.two_products = v != 0; }, cuda::Tuning{}.two_products);
+  with_tuning([](cuda::Tuning& t, int v) { t.norm_in_gemv = v != 0; }, cuda::Tuning{}.norm_in_gemv);
   state.counters["TB/s"] = benchmark::Counter((qkv.bytes + fc1.bytes) * 1e-12,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Pair)
-    ->ArgsProduct({{1, 2, 4, 16, 32, 64, 128}, {0, 1}, {0, -1, 4}})
+    ->ArgsProduct({{1, 2, 4, 16, 32, 64, 128}, {0, 1, 2}, {0, -1, 4}})
     ->UseManualTime()
     ->MinTime(0.05)
     ->Unit(benchmark::kMicrosecond);

@@ -22,6 +22,10 @@
 #                model tests with it on (and with KESTREL_DECODE_GEMM=4), BM_Residual / BM_Pair,
 #                then kestrel bench at decode batch 1-128 with it off and on, by
 #                KESTREL_DECODE_GEMM 0 and -1, twice (TWO_BENCH_ARGS)
+#   norm         the LayerNorm folded into the pair's GEMV (KESTREL_NORM_IN_GEMV): the linear
+#                op tests, the model tests, BM_Pair / BM_Residual at 1-2 rows by GEMV variant
+#                (NORM_GEMV), then kestrel bench at decode batch 1-2 with it off and on, twice
+#                (NORM_BENCH_ARGS)
 #   gemm-ncu     ncu sections (throughput, memory, warp stalls) of one launch of each
 #                GEMM_NCU case (cuda_ops_bench DecodeGemm arguments shape/rows/mode; mode 0 is
 #                cuBLASLt)
@@ -116,6 +120,25 @@ if has two; then
       echo "== KESTREL_TWO_PRODUCTS=$1 KESTREL_DECODE_GEMM=$2"
       KESTREL_TWO_PRODUCTS=$1 KESTREL_DECODE_GEMM=$2 timeout 100 ./$BIN/kestrel bench --device cuda \
         --preset falcon-7b ${TWO_BENCH_ARGS:---prefill 1x16 --decode 1x128x128,2x128x128,4x64x64,16x64x64,32x64x64,128x32x32 --first-token-prompt 128 --iters 2 --no-roofline} \
+        2>&1 | grep -E "^decode|^first|rror" | cut -c1-110
+    done
+  done
+fi
+if has norm; then
+  timeout 150 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*' >"$OUT/norm-linear.log" 2>&1
+  echo "linear rc=$?"; grep -E "PASSED|FAILED|Failure|fold|Expected|Which" "$OUT/norm-linear.log" | head -20
+  timeout 200 ./$BIN/model_cuda_test --gtest_brief=1 >"$OUT/norm-model.log" 2>&1
+  echo "model rc=$?"; grep -E "PASSED|FAILED|Failure|Expected|Which" "$OUT/norm-model.log" | head -12
+  for g in ${NORM_GEMV:--1 5 6}; do
+    KESTREL_GEMV=$g timeout 100 ./$BIN/cuda_ops_bench \
+      --benchmark_filter='BM_(Pair/[12]/[012]|Residual/[12]/[01])/-1/' 2>&1 \
+      | grep -E "^BM_" | sed "s/^/gemv $g: /;s/min_time:0.050.manual_time//"
+  done
+  for r in 1 2; do
+    for n in 0 1; do
+      echo "== KESTREL_NORM_IN_GEMV=$n"
+      KESTREL_NORM_IN_GEMV=$n timeout 100 ./$BIN/kestrel bench --device cuda --preset falcon-7b \
+        ${NORM_BENCH_ARGS:---prefill 1x16 --decode 1x128x128,2x128x128 --first-token-prompt 0 --iters 2 --no-roofline} \
         2>&1 | grep -E "^decode|^first|rror" | cut -c1-110
     done
   done

@@ -270,19 +270,43 @@ void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& o
 }
 
 void linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
-                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2) {
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2,
+                 const PairNorm& norm) {
   check_linear(x, w1, b1, out1, {});
   check_linear(x, w2, b2, out2, {.gelu = gelu2});
   KESTREL_CHECK(w1.dtype() == act_dtype(x) && w2.dtype() == act_dtype(x),
                 "linear_pair: weights at full width only");
   KESTREL_CHECK(out1.raw() != x.raw() && out2.raw() != x.raw() && out1.raw() != out2.raw(),
                 "linear_pair: out1, out2 and x must be apart");
+  const Tensor* in = &x;
+  if (norm.weight) {
+    KESTREL_CHECK(norm.bias && norm.out, "linear_pair: a norm needs its bias and out");
+    KESTREL_CHECK(norm.out->shape() == x.shape() && norm.out->dtype() == x.dtype(),
+                  "linear_pair: the norm's out ", shape_str(norm.out->shape()), " vs x ",
+                  shape_str(x.shape()));
+    KESTREL_CHECK(norm.weight->numel() == x.dim(1) && norm.bias->numel() == x.dim(1),
+                  "linear_pair: norm weight ", shape_str(norm.weight->shape()), " / bias ",
+                  shape_str(norm.bias->shape()), " for hidden ", x.dim(1));
+    KESTREL_CHECK(norm.out->raw() != x.raw() && norm.out->raw() != out1.raw() &&
+                      norm.out->raw() != out2.raw(),
+                  "linear_pair: the norm's out must be apart from x and the outs");
+    same_device("linear_pair", x, *norm.weight);
+    same_device("linear_pair", x, *norm.bias);
+    same_device("linear_pair", x, *norm.out);
 #ifdef KESTREL_CUDA
-  if (x.device() == Device::kCuda && cuda::linear_pair(x, w1, b1, out1, w2, b2, out2, gelu2))
+    if (x.device() == Device::kCuda &&
+        cuda::linear_pair(x, w1, b1, out1, w2, b2, out2, gelu2, &norm))
+      return;
+#endif
+    layer_norm(x, *norm.weight, *norm.bias, norm.eps, *norm.out);
+    in = norm.out;
+  }
+#ifdef KESTREL_CUDA
+  if (x.device() == Device::kCuda && cuda::linear_pair(*in, w1, b1, out1, w2, b2, out2, gelu2))
     return;
 #endif
-  linear(x, w1, b1, out1);
-  linear(x, w2, b2, out2, {.gelu = gelu2});
+  linear(*in, w1, b1, out1);
+  linear(*in, w2, b2, out2, {.gelu = gelu2});
 }
 
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale) {

@@ -97,12 +97,24 @@ void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const LinearEpilogue& epilogue = {});
 
+// The LayerNorm before a linear_pair (weight null: none): the products take
+// layer_norm(x, weight, bias, eps) for x. Its output is written to out (x's shape, apart from x
+// and the pair's outs) unless the backend folds the norm into the products' load of x (CUDA's
+// GEMV at 1-2 rows: no launch of its own), which leaves out as it was.
+struct PairNorm {
+  const Tensor* weight = nullptr;
+  const Tensor* bias = nullptr;
+  float eps = 0.0f;
+  Tensor* out = nullptr;
+};
+
 // Two linears of one x (parallel attention's qkv and fc1 + GELU), weights at full width:
-// out1 = x @ w1^T + b1 and out2 = x @ w2^T + b2, GELU on out2 where gelu2. On CUDA one launch
-// over both weights' rows where the GEMV or the decode GEMM takes the rows; elsewhere two
-// linears.
+// out1 = x @ w1^T + b1 and out2 = x @ w2^T + b2, GELU on out2 where gelu2, x first normalized
+// where norm says. On CUDA one launch over both weights' rows where the GEMV or the decode GEMM
+// takes the rows; elsewhere two linears.
 void linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
-                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2);
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2,
+                 const PairNorm& norm = {});
 
 // x = gelu(x), exact (erf) form. In place.
 void gelu(Tensor& x);

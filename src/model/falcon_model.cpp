@@ -381,13 +381,15 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const FalconLayerWeights& w = layers_[l];
     // qkv and fc1 + GELU of one LayerNorm's output in one linear_pair (one GEMV launch for a
-    // decode step of 1-2 sequences) unless an adapter's fc1 delta must land before GELU.
+    // decode step of 1-2 sequences, the LayerNorm folded into it) unless an adapter's fc1 delta
+    // must land before GELU. ln_a is then read by nothing after the pair.
     const bool pair = c.parallel_attn && !c.two_layer_norms() && lora.empty() &&
                       !w.qkv_s.defined() && !w.fc1_s.defined();
-    ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
     if (pair) {
-      ops::linear_pair(ln_a, w.qkv_w, w.qkv_b, qkv, w.fc1_w, w.fc1_b, ffn, /*gelu2=*/true);
+      ops::linear_pair(x, w.qkv_w, w.qkv_b, qkv, w.fc1_w, w.fc1_b, ffn, /*gelu2=*/true,
+                       {&w.ln_attn_w, &w.ln_attn_b, eps, &ln_a});
     } else {
+      ops::layer_norm(x, w.ln_attn_w, w.ln_attn_b, eps, ln_a);
       ops::linear(ln_a, w.qkv_w, w.qkv_b, qkv, fp8(w.qkv_s));
     }
     lora.add(l, LoraModule::kQkv, ln_a, qkv);

@@ -113,6 +113,32 @@ TEST(CpuLinear, PairIsTwoLinears) {
   EXPECT_THROW(ops::linear_pair(x, w1, b1, o1, w1b, b1, o1, true), Error);  // one out for both
 }
 
+// With a PairNorm, linear_pair is the LayerNorm (written to its out) and then the pair on it.
+TEST(CpuLinear, PairWithNormIsLayerNormThenPair) {
+  std::mt19937_64 rng(29);
+  Tensor x = random_f32({3, 10}, rng), w1 = random_f32({7, 10}, rng), w2 = random_f32({5, 10}, rng);
+  Tensor b1 = random_f32({7}, rng), b2 = random_f32({5}, rng);
+  Tensor g = random_f32({10}, rng), beta = random_f32({10}, rng);
+  Tensor ln = random_f32({3, 10}, rng), ref_ln = random_f32({3, 10}, rng);
+  Tensor o1 = random_f32({3, 7}, rng), o2 = random_f32({3, 5}, rng);
+  Tensor r1 = random_f32({3, 7}, rng), r2 = random_f32({3, 5}, rng);
+  ops::linear_pair(x, w1, b1, o1, w2, b2, o2, true, {&g, &beta, 1e-5f, &ln});
+  ops::layer_norm(x, g, beta, 1e-5f, ref_ln);
+  ops::linear_pair(ref_ln, w1, b1, r1, w2, b2, r2, true);
+  EXPECT_EQ(values(ln), values(ref_ln));
+  EXPECT_EQ(values(o1), values(r1));
+  EXPECT_EQ(values(o2), values(r2));
+  // The norm's out must be x's shape and apart from x and the outs; its weights hidden long.
+  Tensor short_ln = random_f32({3, 9}, rng), short_g = random_f32({9}, rng);
+  EXPECT_THROW(ops::linear_pair(x, w1, b1, o1, w2, b2, o2, true, {&g, &beta, 1e-5f, &short_ln}),
+               Error);
+  EXPECT_THROW(ops::linear_pair(x, w1, b1, o1, w2, b2, o2, true, {&g, &beta, 1e-5f, &x}), Error);
+  EXPECT_THROW(ops::linear_pair(x, w1, b1, o1, w2, b2, o2, true, {&g, &beta, 1e-5f, &o1}), Error);
+  EXPECT_THROW(ops::linear_pair(x, w1, b1, o1, w2, b2, o2, true, {&short_g, &beta, 1e-5f, &ln}),
+               Error);
+  EXPECT_THROW(ops::linear_pair(x, w1, b1, o1, w2, b2, o2, true, {&g, nullptr, 1e-5f, &ln}), Error);
+}
+
 TEST(CpuLinear, SecondProductNeedsAccumulateAndMatchingShapes) {
   std::mt19937_64 rng(5);
   Tensor x = random_f32({2, 4}, rng), w = random_f32({3, 4}, rng), out = random_f32({2, 3}, rng);

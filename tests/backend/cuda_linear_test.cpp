@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -272,6 +273,81 @@ TEST(CudaLinear, PairMatchesCpu) {
           << ", " << e2 << ")";
     }
   }
+  set_modes(-1, -1);  // the defaults
+}
+
+// ops::linear_pair with its LayerNorm (PairNorm): folded into the GEMV's load of x at 1-2 rows
+// in variants 4-6 where the normalized rows fit 48 KiB of shared memory (the norm's out is then
+// left as it was: poisoned here), else the LayerNorm launched first (its out against the CPU's);
+// the outputs against the CPU's LayerNorm then pair, with the fold on and off.
+TEST(CudaLinear, PairWithNormMatchesCpu) {
+  REQUIRE_GPU();
+  struct NormCase {
+    int64_t n, in, n1, n2;
+  };
+  std::vector<NormCase> ncs;
+  for (int64_t n = 1; n <= 3; ++n) {
+    ncs.push_back({n, 4544, 4672, 18176});
+    ncs.push_back({n, 264, 65, 130});
+  }
+  ncs.push_back({1, 1000, 777, 3});
+  ncs.push_back({1, 14848, 100, 200});  // 29 KiB of normalized x: folded
+  ncs.push_back({2, 14848, 100, 200});  // 58 KiB: the LayerNorm apart
+  ncs.push_back({8, 264, 65, 130});
+  for (const NormCase& c : ncs) {
+    Tensor x = random_host({c.n, c.in}, -3.0f, 5.0f);
+    Tensor g = random_host({c.in}, 0.5f, 1.5f), beta = random_host({c.in}, -0.5f, 0.5f);
+    Tensor w1 = random_host({c.n1, c.in}, -0.1f, 0.1f), w2 = random_host({c.n2, c.in}, -0.1f, 0.1f);
+    Tensor b1 = random_host({c.n1}), b2 = random_host({c.n2});
+    Tensor ref_ln = Tensor::empty(DType::kF32, {c.n, c.in}),
+           ref1 = Tensor::empty(DType::kF32, {c.n, c.n1}),
+           ref2 = Tensor::empty(DType::kF32, {c.n, c.n2});
+    // The CPU's LayerNorm (of bf16-rounded inputs), rounded to bf16 as the GPU's output is.
+    ops::layer_norm(x, g, beta, 1e-5f, ref_ln);
+    const Tensor ref_ln16 = ops::to_host_f32(to_gpu(ref_ln, DType::kBF16));
+    ops::linear_pair(ref_ln16, w1, b1, ref1, w2, b2, ref2, true);
+    const Tensor xg = to_gpu(x, DType::kBF16), gg = to_gpu(g, DType::kBF16),
+                 bg = to_gpu(beta, DType::kBF16), w1g = to_gpu(w1, DType::kBF16),
+                 w2g = to_gpu(w2, DType::kBF16), b1g = to_gpu(b1, DType::kBF16),
+                 b2g = to_gpu(b2, DType::kBF16);
+    Tensor nan_ln = Tensor::empty(DType::kF32, {c.n, c.in});
+    std::fill(nan_ln.data<float>(), nan_ln.data<float>() + nan_ln.numel(), NAN);
+    for (const auto& [gemv, fold] : {std::pair{-1, true}, std::pair{-1, false}, std::pair{4, true},
+                                     std::pair{5, true}, std::pair{6, true}, std::pair{0, true}}) {
+      set_modes(gemv, 0);
+#ifdef KESTREL_CUDA
+      cuda::Tuning t = cuda::tuning();
+      t.norm_in_gemv = fold;
+      cuda::set_tuning(t);
+#endif
+      const int variant = gemv >= 0 ? gemv : c.n == 1 ? 4 : c.n == 2 ? 6 : 0;
+      const bool folded =
+          fold && variant >= 4 && c.n <= 2 && c.in * c.n * 2 <= 48 * 1024 && c.in % 8 == 0;
+      Tensor ln = to_gpu(nan_ln, DType::kBF16);
+      Tensor out1 = Tensor::empty(DType::kBF16, {c.n, c.n1}, Device::kCuda),
+             out2 = Tensor::empty(DType::kBF16, {c.n, c.n2}, Device::kCuda);
+      ops::linear_pair(xg, w1g, b1g, out1, w2g, b2g, out2, true, {&gg, &bg, 1e-5f, &ln});
+      const Tensor ln_host = ops::to_host_f32(ln);
+      const std::string what = "gemv " + std::to_string(gemv) + " fold " + std::to_string(fold) +
+                               ": " + std::to_string(c.n) + "x" + std::to_string(c.in) + "->" +
+                               std::to_string(c.n1) + "+" + std::to_string(c.n2);
+      if (folded) {
+        const float* p = ln_host.data<float>();
+        EXPECT_TRUE(std::all_of(p, p + ln_host.numel(), [](float v) { return std::isnan(v); }))
+            << what << ": the norm's out was written, so the norm was not folded";
+      } else {
+        EXPECT_LE(norm_error(ln_host, ref_ln16), kLinearBound) << what << ": the LayerNorm";
+      }
+      const double e1 = norm_error(ops::to_host_f32(out1), ref1);
+      const double e2 = norm_error(ops::to_host_f32(out2), ref2);
+      EXPECT_LE(std::max(e1, e2), kLinearBound) << what << " (errors " << e1 << ", " << e2 << ")";
+    }
+  }
+#ifdef KESTREL_CUDA
+  cuda::Tuning t = cuda::tuning();
+  t.norm_in_gemv = cuda::Tuning{}.norm_in_gemv;
+  cuda::set_tuning(t);
+#endif
   set_modes(-1, -1);  // the defaults
 }
 

@@ -84,10 +84,11 @@ void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float
 void linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out,
             const ops::LinearEpilogue& epilogue);
 // ops::linear_pair in one launch where the GEMV or the decode GEMM takes the rows (BF16
-// operands and outs);
-// false where it does not (the caller runs two linears).
+// operands and outs), with the norm folded into the GEMV's load of x where norm is given (then
+// only there); false where it does not (the caller runs the norm, then two linears).
 bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
-                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2);
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2,
+                 const ops::PairNorm* norm = nullptr);
 void quantize_fp8(const Tensor& weight, Tensor& q, Tensor& scale);
 void gelu(Tensor& x);
 void add(const Tensor& a, const Tensor& b, const Tensor& c, Tensor& out);

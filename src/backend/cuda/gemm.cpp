@@ -492,7 +492,8 @@ bool try_decode_gemm(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 }  // namespace
 
 bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& out1,
-                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2) {
+                 const Tensor& w2, const Tensor& b2, Tensor& out2, bool gelu2,
+                 const ops::PairNorm* norm) {
   const int64_t n_tokens = x.dim(0), n_in = x.dim(1), n1 = w1.dim(0), n2 = w2.dim(0);
   const auto bf16 = [](const Tensor& t) { return !t.defined() || t.dtype() == DType::kBF16; };
   if (!tuning().two_products || x.dtype() != DType::kBF16 || w1.dtype() != DType::kBF16 ||
@@ -508,13 +509,21 @@ bool linear_pair(const Tensor& x, const Tensor& w1, const Tensor& b1, Tensor& ou
   pair.gelu = gelu2;
   const uint16_t* bias1 = b1.defined() ? b1.data<uint16_t>() : nullptr;
   const int variant = gemv_variant(n_tokens);
+  kernels::NormTerm nt;
+  if (norm) {  // folded into the GEMV's load of x, or not taken here
+    if (!tuning().norm_in_gemv || variant <= 0 || norm->weight->dtype() != DType::kBF16 ||
+        norm->bias->dtype() != DType::kBF16)
+      return false;
+    nt = {norm->weight->data<uint16_t>(), norm->bias->data<uint16_t>(), norm->eps};
+    if (!kernels::gemv_norm_supported(variant, n_tokens, n_in, nt)) return false;
+  }
   if (variant > 0) {  // the GEMV's rows: its split kernels, or two linears
     if (!kernels::gemv_two_supported(variant) ||
         !kernels::gemv_supported(n_tokens, n_in, x.raw(), w1.raw()) ||
         !kernels::gemv_supported(n_tokens, n_in, x.raw(), w2.raw()))
       return false;
     kernels::gemv(x.data<uint16_t>(), w1.data<uint16_t>(), bias1, n_tokens, n1 + n2, n_in, false,
-                  false, nullptr, out1.raw(), false, variant, stream(), pair);
+                  false, nullptr, out1.raw(), false, variant, stream(), pair, nt);
     CUDA_CHECK_LAUNCH();
     return true;
   }

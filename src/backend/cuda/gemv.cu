@@ -30,6 +30,13 @@ struct Second {
 // What a launch computes: one product, two summed (kSum), or two side by side (kPair).
 enum Two { kOne, kSum, kPair };
 
+// NormTerm in 16-byte chunks.
+struct Norm {
+  const uint4* w = nullptr;
+  const uint4* b = nullptr;
+  float eps = 0.0f;
+};
+
 // 8 bf16 of a and b (16 bytes each), multiplied and summed into acc in fp32.
 __device__ __forceinline__ void dot8(float& acc, const uint4& a, const uint4& b) {
   const uint32_t* pa = &a.x;
@@ -39,6 +46,105 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& a, const uint4& b)
     acc = fmaf(__uint_as_float(pa[i] << 16), __uint_as_float(pb[i] << 16), acc);
     acc = fmaf(__uint_as_float(pa[i] & 0xffff0000u), __uint_as_float(pb[i] & 0xffff0000u), acc);
   }
+}
+
+// The sum of 8 bf16, in pairs (as layer_norm's).
+__device__ __forceinline__ float sum8(const uint4& v) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    s += f.x + f.y;
+  }
+  return s;
+}
+
+// The sum of (v - mean)^2 over 8 bf16.
+__device__ __forceinline__ float sq8(const uint4& v, float mean) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(h[j]);
+    s += (f.x - mean) * (f.x - mean) + (f.y - mean) * (f.y - mean);
+  }
+  return s;
+}
+
+// 8 bf16 of x normalized: (x - mean) * inv * w + b, rounded to bf16 (layer_norm's formula).
+__device__ __forceinline__ uint4 norm8(const uint4& v, const uint4& w, const uint4& b, float mean,
+                                       float inv) {
+  const __nv_bfloat162* hv = reinterpret_cast<const __nv_bfloat162*>(&v);
+  const __nv_bfloat162* hw = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* hb = reinterpret_cast<const __nv_bfloat162*>(&b);
+  uint4 o;
+  __nv_bfloat162* ho = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(hv[j]), fw = __bfloat1622float2(hw[j]),
+                 fb = __bfloat1622float2(hb[j]);
+    ho[j] =
+        __floats2bfloat162_rn((f.x - mean) * inv * fw.x + fb.x, (f.y - mean) * inv * fw.y + fb.y);
+  }
+  return o;
+}
+
+// s[m] summed over the block (kThreads / 32 warps; red: a slot a warp and row), in every thread.
+template <int M, int kThreads>
+__device__ __forceinline__ void block_sums(float (&s)[M], float (*red)[M]) {
+  const int lane = threadIdx.x & 31, warp = static_cast<int>(threadIdx.x >> 5);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s[m] += __shfl_xor_sync(0xffffffffu, s[m], off);
+    if (lane == 0) red[warp][m] = s[m];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    s[m] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) s[m] += red[i][m];
+  }
+  __syncthreads();  // red is reused
+}
+
+// LayerNorm of x [M, kc chunks] into xn (shared memory, [M, kc]) by the whole block: x copied,
+// the mean, the variance of x - mean, then each chunk normalized in place (each thread touches
+// only its own chunks until the last barrier).
+template <int M, int kThreads>
+__device__ __forceinline__ void layer_norm_rows(const uint4* x, int64_t kc, const Norm& nt,
+                                                uint4* xn) {
+  __shared__ float red[kThreads / 32][M];
+  float s[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) s[m] = 0.0f;
+  for (int64_t c = threadIdx.x; c < kc; c += kThreads)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const uint4 v = x[m * kc + c];
+      xn[m * kc + c] = v;
+      s[m] += sum8(v);
+    }
+  block_sums<M, kThreads>(s, red);
+  const float hidden = static_cast<float>(kc * 8);
+  float mean[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) mean[m] = s[m] / hidden, s[m] = 0.0f;
+  for (int64_t c = threadIdx.x; c < kc; c += kThreads)
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] += sq8(xn[m * kc + c], mean[m]);
+  block_sums<M, kThreads>(s, red);
+  float inv[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) inv[m] = rsqrtf(s[m] / hidden + nt.eps);
+  for (int64_t c = threadIdx.x; c < kc; c += kThreads) {
+    const uint4 w = __ldg(nt.w + c), b = __ldg(nt.b + c);
+#pragma unroll
+    for (int m = 0; m < M; ++m) xn[m * kc + c] = norm8(xn[m * kc + c], w, b, mean[m], inv[m]);
+  }
+  __syncthreads();
 }
 
 // Rows [row0, row0 + rows) of w [n, kc chunks of 16 bytes], clipped to n, asked of L2: weights
@@ -124,18 +230,23 @@ __global__ void __launch_bounds__(kGemvThreads)
 // kSum: the second product's chunks follow the first's in one index space [0, kc + t.kc), so
 // the lanes stream both rows of w back to back (no half-empty round between them). kPair: the
 // launch's rows [0, t.n1) are w's, into out; the rest t.w's, into t.out (same x, same k).
-template <int M, int R, int U, Two kTwo>
+// kNorm (a pair only): the block first normalizes x's M rows into shared memory (dynamic, M x
+// kc chunks) and multiplies those: the LayerNorm before qkv and fc1 without its own launch.
+template <int M, int R, int U, Two kTwo, bool kNorm = false>
 __global__ void __launch_bounds__(kGemvThreads)
     gemv_split_kernel(const uint4* __restrict__ x, const uint4* __restrict__ w,
                       const uint16_t* __restrict__ bias, int64_t n, int64_t kc, bool gelu,
                       bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-                      bool prefetch, Second t) {
+                      bool prefetch, Second t, Norm nt) {
+  static_assert(!kNorm || kTwo == kPair, "a norm is folded into a pair's x only");
   constexpr int kWarps = kGemvThreads / 32;
   __shared__ float part[kWarps][M * R];
+  extern __shared__ uint4 xn[];  // kNorm: layer_norm(x) [M, kc]
   const int lane = threadIdx.x & 31, warp = static_cast<int>(threadIdx.x >> 5);
   const int64_t row0 = int64_t{blockIdx.x} * R;
   if (prefetch && kTwo != kPair && threadIdx.x == 0) prefetch_rows(w, n, kc, row0, R);
   pdl_enter();
+  if constexpr (kNorm) layer_norm_rows<M, kGemvThreads>(x, kc, nt, xn);
   const uint4* wr[R];
   const uint4* wr2[R];
 #pragma unroll
@@ -153,6 +264,10 @@ __global__ void __launch_bounds__(kGemvThreads)
   auto x_at = [&](int m, int64_t cc) {
     if constexpr (kTwo == kSum) return cc < kc ? x + m * kc + cc : t.x + m * t.kc + (cc - kc);
     return x + m * kc + cc;
+  };
+  auto x_load = [&](int m, int64_t cc) {
+    if constexpr (kNorm) return xn[m * kc + cc];
+    return __ldg(x_at(m, cc));
   };
 
   float acc[M][R];
@@ -176,7 +291,7 @@ __global__ void __launch_bounds__(kGemvThreads)
       if (cc < total) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const uint4 xv = __ldg(x_at(m, cc));
+          const uint4 xv = x_load(m, cc);
 #pragma unroll
           for (int r = 0; r < R; ++r) dot8(acc[m][r], xv, wv[u][r]);
         }
@@ -240,7 +355,7 @@ struct Shape {
 template <int M>
 void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias, int64_t n,
               int64_t kc, bool gelu, bool accumulate, const uint16_t* addend, void* out,
-              bool f32_out, cudaStream_t s, const Second& two) {
+              bool f32_out, cudaStream_t s, const Second& two, const Norm& nt) {
   // Only worth it where the kernel may start early (a programmatic dependent).
   const bool prefetch = tuning().gemv_prefetch && pdl_for(s);
   auto go = [&](auto kernel, int r) {
@@ -258,8 +373,12 @@ void launch_m(int variant, const uint4* x, const uint4* w, const uint16_t* bias,
     auto* kernel = two.out  ? gemv_split_kernel<M, K::kR, K::kU, kPair>
                    : two.kc ? gemv_split_kernel<M, K::kR, K::kU, kSum>
                             : gemv_split_kernel<M, K::kR, K::kU, kOne>;
-    pdl_launch(kernel, blocks, kGemvThreads, 0, s, x, w, bias, n, kc, gelu, accumulate, addend, out,
-               f32_out, prefetch, two);
+    if constexpr (M <= kGemvNormMaxRows) {
+      if (nt.w) kernel = gemv_split_kernel<M, K::kR, K::kU, kPair, true>;
+    }
+    const size_t smem = nt.w ? static_cast<size_t>(M * kc * 16) : 0;
+    pdl_launch(kernel, blocks, kGemvThreads, smem, s, x, w, bias, n, kc, gelu, accumulate, addend,
+               out, f32_out, prefetch, two, nt);
   };
   if (variant == 4) {
     constexpr int kR = M <= 4 ? 2 : 1;
@@ -300,9 +419,15 @@ bool gemv_two_supported(int variant) {
   return variant >= 4 && variant <= 6;
 }
 
+bool gemv_norm_supported(int variant, int64_t rows, int64_t k, const NormTerm& norm) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return gemv_two_supported(variant) && rows >= 1 && rows <= kGemvNormMaxRows && k % 8 == 0 &&
+         rows * k * 2 <= 48 * 1024 && norm.w && norm.b && aligned(norm.w) && aligned(norm.b);
+}
+
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-          int variant, cudaStream_t s, const SecondTerm& plus) {
+          int variant, cudaStream_t s, const SecondTerm& plus, const NormTerm& norm) {
   if (n == 0) return;
   const auto* xv = reinterpret_cast<const uint4*>(x);
   const auto* wv = reinterpret_cast<const uint4*>(w);
@@ -314,10 +439,12 @@ void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t ro
                    plus.out,
                    plus.n1,
                    plus.gelu};
+  const Norm nt{reinterpret_cast<const uint4*>(norm.w), reinterpret_cast<const uint4*>(norm.b),
+                norm.eps};
   switch (rows) {
-#define KESTREL_GEMV_CASE(M)                                                                   \
-  case M:                                                                                      \
-    launch_m<M>(variant, xv, wv, bias, n, kc, gelu, accumulate, addend, out, f32_out, s, two); \
+#define KESTREL_GEMV_CASE(M)                                                                       \
+  case M:                                                                                          \
+    launch_m<M>(variant, xv, wv, bias, n, kc, gelu, accumulate, addend, out, f32_out, s, two, nt); \
     break;
     KESTREL_GEMV_CASE(1)
     KESTREL_GEMV_CASE(2)

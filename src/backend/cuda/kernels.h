@@ -91,14 +91,28 @@ struct SecondTerm {
   int64_t n1 = 0;
   bool gelu = false;
 };
+// The LayerNorm of x, folded into a pair's load of it (SecondTerm::out set): the launch
+// multiplies layer_norm(x) (mean, variance of x - mean, (x - mean) * rsqrt(var + eps) * w + b,
+// rounded to bf16, as layer_norm computes it) instead of x. w null: none.
+struct NormTerm {
+  const uint16_t* w = nullptr;
+  const uint16_t* b = nullptr;
+  float eps = 0.0f;
+};
 constexpr int kGemvMaxRows = 8;
 bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
+// Whether the split kernels (variants 4..6) take a NormTerm for rows of k: up to
+// kGemvNormMaxRows rows (those the GEMV takes by default), held normalized in the block's shared
+// memory (rows x k x 2 bytes, 48 KiB at most); x and both weights as gemv_supported asks, the
+// norm's w and b 16-byte aligned.
+constexpr int kGemvNormMaxRows = 2;
+bool gemv_norm_supported(int variant, int64_t rows, int64_t k, const NormTerm& norm);
 // The variants that take a second product (4..6: the split kernels; each product's k and
 // pointers as gemv_supported asks).
 bool gemv_two_supported(int variant);
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,
           int64_t k, bool gelu, bool accumulate, const uint16_t* addend, void* out, bool f32_out,
-          int variant, cudaStream_t s, const SecondTerm& plus = {});
+          int variant, cudaStream_t s, const SecondTerm& plus = {}, const NormTerm& norm = {});
 // --- linear for decode batches on Hopper's tensor cores (decode_gemm.cu) --------
 // As gemv (same arguments and epilogue) for 1..kDecodeGemmMaxRows rows: tiles of 128 rows of w
 // by all rows of x, streamed by TMA into shared memory and multiplied by wgmma, the steps of all

@@ -33,6 +33,7 @@ Tuning Tuning::from_environment() {
   if (auto v = env_int("KESTREL_DECODE_GEMM"))
     t.decode_gemm = static_cast<int>(std::clamp<int64_t>(*v, -1, 4));
   if (auto v = env_int("KESTREL_TWO_PRODUCTS")) t.two_products = *v != 0;
+  if (auto v = env_int("KESTREL_NORM_IN_GEMV")) t.norm_in_gemv = *v != 0;
   if (auto v = env_int("KESTREL_GELU_EPILOGUE")) t.gelu_epilogue = *v != 0;
   if (auto v = env_int("KESTREL_PDL")) t.pdl = static_cast<int>(std::clamp<int64_t>(*v, 0, 2));
   if (auto v = env_int("KESTREL_GEMV_PREFETCH")) t.gemv_prefetch = *v == 1;
