@@ -127,7 +127,7 @@ fi
 if has norm; then
   timeout 150 ./$BIN/backend_cuda_test --gtest_brief=1 --gtest_filter='CudaLinear*' >"$OUT/norm-linear.log" 2>&1
   echo "linear rc=$?"; grep -E "PASSED|FAILED|Failure|fold|Expected|Which" "$OUT/norm-linear.log" | head -20
-  timeout 200 ./$BIN/model_cuda_test --gtest_brief=1 >"$OUT/norm-model.log" 2>&1
+  KESTREL_NORM_IN_GEMV=1 timeout 200 ./$BIN/model_cuda_test --gtest_brief=1 >"$OUT/norm-model.log" 2>&1
   echo "model rc=$?"; grep -E "PASSED|FAILED|Failure|Expected|Which" "$OUT/norm-model.log" | head -12
   for g in ${NORM_GEMV:--1 5 6}; do
     KESTREL_GEMV=$g timeout 100 ./$BIN/cuda_ops_bench \

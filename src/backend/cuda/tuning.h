@@ -31,9 +31,9 @@ struct Tuning {
   // linear_pair: qkv + fc1) in the GEMV and the decode GEMM. KESTREL_TWO_PRODUCTS=0: each as two
   // launches (dense apart, then fc2 with it as the addend; two linears).
   bool two_products = true;
-  // KESTREL_NORM_IN_GEMV=0: the LayerNorm before a pair of 1-2 rows as its own launch, not
-  // folded into the GEMV's load of x (ops::PairNorm).
-  bool norm_in_gemv = true;
+  // KESTREL_NORM_IN_GEMV=1: the LayerNorm before a pair of 1-2 rows folded into the GEMV's
+  // load of x (ops::PairNorm), not a launch of its own (not yet measured on a GPU: off).
+  bool norm_in_gemv = false;
   // KESTREL_GELU_EPILOGUE=0: the exact erf GELU as a kernel after fc1, not cuBLASLt's tanh GELU
   // epilogue (within 5e-4 of erf's; one more pass over fc1's output when off).
   bool gelu_epilogue = true;
