@@ -422,7 +422,8 @@ bool gemv_two_supported(int variant) {
 bool gemv_norm_supported(int variant, int64_t rows, int64_t k, const NormTerm& norm) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return gemv_two_supported(variant) && rows >= 1 && rows <= kGemvNormMaxRows && k % 8 == 0 &&
-         rows * k * 2 <= 48 * 1024 && norm.w && norm.b && aligned(norm.w) && aligned(norm.b);
+         rows * k * 2 <= kGemvNormMaxBytes && norm.w && norm.b && aligned(norm.w) &&
+         aligned(norm.b);
 }
 
 void gemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int64_t rows, int64_t n,

@@ -103,9 +103,11 @@ constexpr int kGemvMaxRows = 8;
 bool gemv_supported(int64_t rows, int64_t k, const void* x, const void* w);
 // Whether the split kernels (variants 4..6) take a NormTerm for rows of k: up to
 // kGemvNormMaxRows rows (those the GEMV takes by default), held normalized in the block's shared
-// memory (rows x k x 2 bytes, 48 KiB at most); x and both weights as gemv_supported asks, the
-// norm's w and b 16-byte aligned.
+// memory (rows x k x 2 bytes, at most kGemvNormMaxBytes: with the kernel's static shared memory
+// it stays under the 48 KiB a launch gets without opting in); x and both weights as
+// gemv_supported asks, the norm's w and b 16-byte aligned.
 constexpr int kGemvNormMaxRows = 2;
+constexpr int64_t kGemvNormMaxBytes = 47 * 1024;
 bool gemv_norm_supported(int variant, int64_t rows, int64_t k, const NormTerm& norm);
 // The variants that take a second product (4..6: the split kernels; each product's k and
 // pointers as gemv_supported asks).
