@@ -381,8 +381,8 @@ Tensor FalconModel::forward_layers(const ForwardBatch& b, const StepTensors& in,
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const FalconLayerWeights& w = layers_[l];
     // qkv and fc1 + GELU of one LayerNorm's output in one linear_pair (one GEMV launch for a
-    // decode step of 1-2 sequences, the LayerNorm folded into it) unless an adapter's fc1 delta
-    // must land before GELU. ln_a is then read by nothing after the pair.
+    // decode step of 1-2 sequences, which can take the LayerNorm too: ops::PairNorm) unless an
+    // adapter's fc1 delta must land before GELU. ln_a is then read by nothing after the pair.
     const bool pair = c.parallel_attn && !c.two_layer_norms() && lora.empty() &&
                       !w.qkv_s.defined() && !w.fc1_s.defined();
     if (pair) {
